@@ -1,0 +1,53 @@
+"""Construct ``tinker.types`` values the same way on every supported SDK version.
+
+The SDK's response types changed shape across releases (``SampledSequence``
+gained a required ``sequence_id`` after 0.24). Backends that build responses
+themselves (the fake and the local one) go through here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+from tinker import types as tinker_types
+
+_SEQUENCE_FIELDS = {f.name for f in dataclasses.fields(tinker_types.SampledSequence)}
+_sequence_ids = itertools.count()
+
+
+def sampled_sequence(
+    tokens: Sequence[int],
+    logprobs: Sequence[float] | None,
+    stop_reason: tinker_types.StopReason,
+) -> tinker_types.SampledSequence:
+    """Build a ``SampledSequence`` from plain token and logprob lists."""
+    kwargs: dict[str, object] = {
+        "stop_reason": stop_reason,
+        "tokens_np": np.asarray(tokens, dtype=np.int32),
+        "logprobs_np": None if logprobs is None else np.asarray(logprobs, dtype=np.float32),
+    }
+    if "sequence_id" in _SEQUENCE_FIELDS:
+        kwargs["sequence_id"] = f"local-{next(_sequence_ids)}"
+    return tinker_types.SampledSequence(**kwargs)  # type: ignore[arg-type]
+
+
+def sample_response(sequences: Sequence[tinker_types.SampledSequence]) -> tinker_types.SampleResponse:
+    """Build a ``SampleResponse`` holding ``sequences``."""
+    return tinker_types.SampleResponse(sequences=list(sequences))
+
+
+def forward_backward_output(
+    loss_fn_outputs: list[dict[str, tinker_types.TensorData]], metrics: dict[str, float]
+) -> tinker_types.ForwardBackwardOutput:
+    """Build a ``ForwardBackwardOutput`` as the service returns it."""
+    return tinker_types.ForwardBackwardOutput(
+        loss_fn_output_type="TensorData", loss_fn_outputs=loss_fn_outputs, metrics=metrics
+    )
+
+
+def tensor(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> tinker_types.TensorData:
+    """A 1-D ``TensorData`` of ``dtype`` (``"float32"`` or ``"int64"``)."""
+    return tinker_types.TensorData(data=np.asarray(values), dtype=dtype)  # type: ignore[arg-type]

@@ -1,0 +1,139 @@
+"""The client protocol that every backend speaks, typed with ``tinker.types``.
+
+The pipeline only ever talks to these three protocols, so the same training loop
+runs on :class:`~trio_rl.testing.FakeBackend` (virtual time), ``LocalBackend``
+(torch in-process) and ``TinkerBackend`` (the Tinker service).
+
+Training calls are split into *submit* and *wait*, as on the Tinker service:
+``await client.forward_backward(...)`` submits the request and returns a
+:class:`PendingResult` at once; ``await pending.result()`` waits for it. Requests
+of one training client are processed in the order they were submitted, so the
+pipeline submits ``forward_backward`` and ``optim_step`` back to back and only
+then waits for both.
+
+Backends are async context managers. Enter one (``async with backend:``) around
+everything that uses it; a backend that needs background tasks (``LocalBackend``
+batches concurrent sampling requests) runs them in a nursery that lives exactly
+as long as that block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Protocol, Self, TypeVar, runtime_checkable
+
+from tinker import types as tinker_types
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """The part of a tokenizer that envs and examples use."""
+
+    def encode(self, text: str) -> list[int]:
+        """Turn text into token ids (no special tokens added)."""
+        ...
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Turn token ids back into text."""
+        ...
+
+
+class PendingResult(Protocol[T_co]):
+    """A submitted request; :meth:`result` waits for its answer."""
+
+    async def result(self) -> T_co:
+        """Wait for the answer. Cancelling the wait cancels the request where possible.
+
+        Raises:
+            Exception: whatever the backend raised for this request.
+        """
+        ...
+
+
+class SamplingClient(Protocol):
+    """Samples from one fixed set of weights.
+
+    A sampling client is pinned to the weights it was created from: later optimizer
+    steps on the training client never change what it samples.
+    """
+
+    @property
+    def model_path(self) -> str | None:
+        """Where the weights it samples from were saved, if they were saved by name."""
+        ...
+
+    async def sample(
+        self,
+        prompt: tinker_types.ModelInput,
+        num_samples: int,
+        sampling_params: tinker_types.SamplingParams,
+    ) -> tinker_types.SampleResponse:
+        """Sample ``num_samples`` continuations of ``prompt``, with per-token logprobs."""
+        ...
+
+    async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
+        """Score ``prompt``: the logprob of each token given those before it (``None`` first)."""
+        ...
+
+
+class TrainingClient(Protocol):
+    """Holds trainable weights and their optimizer state."""
+
+    async def forward_backward(
+        self,
+        data: Sequence[tinker_types.Datum],
+        loss_fn: tinker_types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+    ) -> PendingResult[tinker_types.ForwardBackwardOutput]:
+        """Submit a forward/backward pass that accumulates gradients."""
+        ...
+
+    async def optim_step(
+        self, adam_params: tinker_types.AdamParams
+    ) -> PendingResult[tinker_types.OptimStepResponse]:
+        """Submit one Adam step on the accumulated gradients, then clear them."""
+        ...
+
+    async def save_weights_for_sampler(self, name: str) -> SamplingClient:
+        """Save the current weights under ``name`` and return a client pinned to them."""
+        ...
+
+    async def save_state(self, name: str) -> str:
+        """Save weights and optimizer state; return the path to resume from."""
+        ...
+
+    async def load_state(self, path: str, *, with_optimizer: bool = True) -> None:
+        """Load weights (and, if asked, optimizer state) saved by :meth:`save_state`."""
+        ...
+
+    async def get_tokenizer(self) -> Tokenizer:
+        """The tokenizer of the model being trained."""
+        ...
+
+
+class Backend(Protocol):
+    """Creates training clients. Enter it with ``async with`` before use."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    async def create_training_client(
+        self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
+    ) -> TrainingClient:
+        """Create a fresh training client for ``base_model``."""
+        ...
+
+    async def create_training_client_from_state(
+        self, path: str, *, with_optimizer: bool = True
+    ) -> TrainingClient:
+        """Create a training client from a path returned by ``save_state``, to resume."""
+        ...
