@@ -1,0 +1,160 @@
+"""``LocalBackend``: the backend protocol on an in-process torch model."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import torch
+import trio
+
+from trio_rl.backends.local.checkpoint import load_checkpoint
+from trio_rl.backends.local.model import ModelConfig, TransformerLM
+from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.tokenizer import CharTokenizer
+from trio_rl.backends.local.training import LocalTrainingClient
+
+DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()+-*/=<>\n"
+"""The alphabet of the default :class:`CharTokenizer`: printable ASCII letters, digits and punctuation."""
+
+
+class LocalBackend:
+    """Trains and samples a small transformer in this process, on the CPU.
+
+    Enter it around everything that uses it::
+
+        async with LocalBackend(log_dir=Path("runs/x")) as backend:
+            trainer = await backend.create_training_client(base_model="local", seed=0)
+            sampler = await trainer.save_weights_for_sampler("step-0")
+            response = await sampler.sample(prompt, 4, params)
+
+    Sampling engines and training workers are tasks in a nursery that lives as
+    long as that block; leaving it cancels whatever is still queued.
+
+    Args:
+        model_config: sizes of the model; the default is tiny.
+        tokenizer: the tokenizer; defaults to a :class:`CharTokenizer` over
+            :data:`DEFAULT_ALPHABET`.
+        log_dir: folder for checkpoints (``checkpoints/``) and sampler weights
+            (``sampler_weights/``).
+        seed: seeds the seeds of unseeded training clients and unseeded sampling requests.
+        max_batch_rows: most samples one sampling client decodes in one batch.
+        num_threads: if given, ``torch.set_num_threads(num_threads)`` (process-wide);
+            by default torch's own choice, one thread per core, is kept.
+    """
+
+    def __init__(
+        self,
+        *,
+        log_dir: Path | str,
+        model_config: ModelConfig | None = None,
+        tokenizer: CharTokenizer | None = None,
+        seed: int = 0,
+        max_batch_rows: int = 256,
+        num_threads: int | None = None,
+    ) -> None:
+        if max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be at least 1")
+        self._model_config = model_config if model_config is not None else ModelConfig()
+        self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
+        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        """The tokenizer of fresh training clients."""
+        return self._tokenizer
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model sizes of fresh training clients."""
+        return self._model_config
+
+    @property
+    def log_dir(self) -> Path:
+        """Where checkpoints are written."""
+        return self._runtime.log_dir
+
+    def get_tokenizer(self) -> CharTokenizer:
+        """The tokenizer of fresh training clients (same as :attr:`tokenizer`)."""
+        return self._tokenizer
+
+    async def __aenter__(self) -> Self:
+        if self._nursery_manager is not None:
+            raise RuntimeError("this LocalBackend is already entered")
+        manager = trio.open_nursery()
+        self._runtime.nursery = await manager.__aenter__()
+        self._nursery_manager = manager
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        manager, nursery = self._nursery_manager, self._runtime.nursery
+        assert manager is not None and nursery is not None, "__aexit__ without __aenter__"
+        self._nursery_manager = None
+        self._runtime.nursery = None
+        nursery.cancel_scope.cancel()
+        # The body's own exception is not handed to the nursery: it propagates
+        # unchanged instead of coming out wrapped in an ExceptionGroup.
+        await manager.__aexit__(None, None, None)
+        return None
+
+    async def create_training_client(
+        self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
+    ) -> LocalTrainingClient:
+        """Create a freshly initialised model to train.
+
+        Args:
+            base_model: a label only; the model is always a new :class:`TransformerLM`
+                of this backend's ``model_config``.
+            lora_rank: ignored: the local backend fine-tunes every parameter.
+            seed: seeds the initial weights; drawn from the backend's seed if ``None``.
+
+        Returns:
+            A training client.
+
+        Raises:
+            RuntimeError: if the backend is not entered.
+        """
+        self._runtime.require_entered()
+        if seed is None:
+            seed = self._runtime.rng.getrandbits(63)
+        config, vocab, init_seed = self._model_config, self._tokenizer.vocab_size, seed
+        model = await trio.to_thread.run_sync(
+            lambda: TransformerLM(config, vocab, seed=init_seed), limiter=self._runtime.limiter
+        )
+        return LocalTrainingClient(self._runtime, model, self._tokenizer)
+
+    async def create_training_client_from_state(
+        self, path: str, *, with_optimizer: bool = True
+    ) -> LocalTrainingClient:
+        """Create a training client from a folder returned by ``save_state``, to resume.
+
+        The model's config and tokenizer come from the checkpoint.
+
+        Args:
+            path: the checkpoint folder.
+            with_optimizer: also restore Adam's moments and step count.
+
+        Raises:
+            RuntimeError: if the backend is not entered.
+            FileNotFoundError: if ``path`` is not a checkpoint.
+            ValueError: if it holds no optimizer state and one was asked for.
+        """
+        self._runtime.require_entered()
+
+        def load() -> LocalTrainingClient:
+            ckpt = load_checkpoint(Path(path), with_optimizer=with_optimizer)
+            model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
+            model.load_state_dict(ckpt.weights)
+            return LocalTrainingClient(self._runtime, model, ckpt.tokenizer, ckpt.adam)
+
+        return await trio.to_thread.run_sync(load, limiter=self._runtime.limiter)
