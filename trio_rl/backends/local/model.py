@@ -134,11 +134,15 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         self.vocab_size = vocab_size
-        self.tok_emb = nn.Embedding(vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
-        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, vocab_size)
+        # Built on the meta device so torch's default initialisers never draw
+        # from the global RNG; reset_parameters then fills real storage.
+        with torch.device("meta"):
+            self.tok_emb = nn.Embedding(vocab_size, config.d_model)
+            self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+            self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
+            self.ln_f = nn.LayerNorm(config.d_model)
+            self.head = nn.Linear(config.d_model, vocab_size)
+        self.to_empty(device="cpu")
         self.reset_parameters(seed)
 
     def reset_parameters(self, seed: int) -> None:

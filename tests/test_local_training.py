@@ -1,0 +1,188 @@
+"""The training client: ordering, Adam, version pinning, responsiveness."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+from tinker import types as tinker_types
+
+from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local.model import TransformerLM
+from trio_rl.backends.local.optimizer import AdamState, adam_step
+
+TOK = CharTokenizer("abcdefgh ")
+CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
+ADAM = tinker_types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+def _datum(text: str) -> tinker_types.Datum:
+    seq = [TOK.bos_token_id, *TOK.encode(text), TOK.eos_token_id]
+    return tinker_types.Datum(
+        model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+    )
+
+
+BATCH = [_datum("abc"), _datum("hgfe dcba"), _datum("a")]
+
+
+def _backend(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK)
+
+
+def _grads_like(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_matches_torch_adamw(weight_decay: float) -> None:
+    ours = TransformerLM(CONFIG, TOK.vocab_size, seed=0)
+    ref = copy.deepcopy(ours)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    state = AdamState()
+    params = tinker_types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=weight_decay)
+    for step in range(3):
+        _grads_like(ours, step)
+        _grads_like(ref, step)
+        adam_step(ours, state, params)
+        opt.step()
+        opt.zero_grad()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+        assert a.grad is None
+
+
+def test_grad_clip_scales_global_norm() -> None:
+    clipped = TransformerLM(CONFIG, TOK.vocab_size, seed=0)
+    scaled = copy.deepcopy(clipped)
+    _grads_like(clipped, 1)
+    _grads_like(scaled, 1)
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in scaled.parameters() if p.grad is not None))
+    for p in scaled.parameters():
+        assert p.grad is not None
+        p.grad *= 0.5 / (float(norm) + 1e-6)
+    m1 = adam_step(clipped, AdamState(), ADAM.model_copy(update={"grad_clip_norm": 0.5}))
+    adam_step(scaled, AdamState(), ADAM)
+    assert m1["grad_norm"] == pytest.approx(float(norm))
+    for a, b in zip(clipped.parameters(), scaled.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+async def test_requests_run_in_submission_order(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with _backend(tmp_path) as backend:
+            client = await backend.create_training_client(base_model="tiny", seed=0)
+            fb1 = await client.forward_backward(BATCH, "cross_entropy")
+            opt = await client.optim_step(ADAM)
+            fb2 = await client.forward_backward(BATCH, "cross_entropy")
+            # Await the later ones first, concurrently; and abandon one wait midway.
+            with trio.move_on_after(0):
+                await fb1.result()
+            out: dict[str, float] = {}
+
+            async def wait(name: str, pending: object) -> None:
+                out[name] = (await pending.result()).metrics["loss:sum"]  # type: ignore[attr-defined]
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, "fb2", fb2)
+                nursery.start_soon(wait, "fb1", fb1)
+            await opt.result()
+    # fb2 ran after the optimizer step: a lower loss than fb1 on the same batch.
+    assert out["fb2"] < out["fb1"]
+
+
+async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
+    async def run(sub: str) -> list[torch.Tensor]:
+        async with _backend(tmp_path / sub) as backend:
+            client = await backend.create_training_client(base_model="tiny", seed=3)
+            for step in range(3):
+                sampler = await client.save_weights_for_sampler(f"s{step}")
+                resp = await sampler.sample(
+                    tinker_types.ModelInput.from_ints([TOK.bos_token_id]), 4,
+                    tinker_types.SamplingParams(max_tokens=8, seed=step),
+                )
+                data = []
+                for s in resp.sequences:
+                    seq = [TOK.bos_token_id, *s.tokens]
+                    data.append(tinker_types.Datum(
+                        model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
+                        loss_fn_inputs={"target_tokens": seq[1:], "logprobs": s.logprobs or [], "advantages": [1.0] * len(s.tokens)},
+                    ))
+                await client.forward_backward(data, "ppo")
+                await (await client.optim_step(ADAM)).result()
+            return [p.detach().clone() for p in client.model.parameters()]
+
+    with trio.fail_after(30):
+        a = await run("a")
+        b = await run("b")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+async def test_sampler_is_pinned_to_its_version(tmp_path: Path) -> None:
+    prompt = tinker_types.ModelInput.from_ints([TOK.bos_token_id, *TOK.encode("ab")])
+    params = tinker_types.SamplingParams(max_tokens=16, seed=11, stop=[])
+    with trio.fail_after(30):
+        async with _backend(tmp_path) as backend:
+            client = await backend.create_training_client(base_model="tiny", seed=0)
+            old = await client.save_weights_for_sampler("v0")
+            assert old.model_path == str(tmp_path / "sampler_weights" / "v0")
+            before = await old.sample(prompt, 2, params)
+            before_lp = await old.compute_logprobs(prompt)
+            for _ in range(3):
+                await client.forward_backward(BATCH, "cross_entropy")
+                await (await client.optim_step(ADAM.model_copy(update={"learning_rate": 0.1}))).result()
+            after = await old.sample(prompt, 2, params)
+            new = await client.save_weights_for_sampler("v1")
+            changed = await new.sample(prompt, 2, params)
+            assert await old.compute_logprobs(prompt) == before_lp
+    assert [s.tokens for s in after.sequences] == [s.tokens for s in before.sequences]
+    assert [s.logprobs for s in after.sequences] == [s.logprobs for s in before.sequences]
+    assert [s.logprobs for s in changed.sequences] != [s.logprobs for s in before.sequences]
+
+
+async def test_trio_stays_responsive_during_training(tmp_path: Path) -> None:
+    big = [_datum("abcdefgh " * 6) for _ in range(64)]
+    ticks: list[float] = []
+    with trio.fail_after(30):
+        async with _backend(tmp_path) as backend:
+            client = await backend.create_training_client(base_model="tiny", seed=0)
+
+            async def heartbeat() -> None:
+                while True:
+                    ticks.append(trio.current_time())
+                    await trio.sleep(0.005)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(heartbeat)
+                await trio.sleep(0.02)
+                start = trio.current_time()
+                for _ in range(3):
+                    await (await client.forward_backward(big, "cross_entropy")).result()
+                elapsed = trio.current_time() - start
+                nursery.cancel_scope.cancel()
+    during = [t for t in ticks if t >= start]
+    assert elapsed > 0.05  # the work was long enough to notice a blocked loop
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    # A blocked loop would tick about once per request (3 times); a free one every ~5 ms.
+    assert len(during) >= max(10, elapsed / 0.005 / 4)
+    assert max(gaps) < elapsed / 2
+
+
+async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
+    async with _backend(tmp_path) as backend:
+        client = await backend.create_training_client(base_model="tiny", seed=0)
+        with pytest.raises(ValueError):
+            await client.forward_backward(BATCH, "dro")
+        bad = tinker_types.Datum(model_input=tinker_types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [1, 2]})
+        pending = await client.forward_backward([bad], "cross_entropy")
+        with pytest.raises(ValueError, match="weights"):
+            await pending.result()
+        # The queue goes on after a failed request.
+        await (await client.optim_step(ADAM)).result()
+        assert (await client.get_tokenizer()) == TOK
