@@ -61,8 +61,16 @@ HEALTH_PATH = "/api/v1/healthz"
 DUMMY_API_KEY = "tml-dummy"
 """The SDK insists on a key starting with ``tml-``; the server ignores it."""
 
-DEFAULT_BACKEND_CONFIG = '{"max_lora_adapters": 4, "max_lora_rank": 8}'
-"""Fewer adapter slots than skyrl's default (32) keep the engine's arrays small."""
+DEFAULT_BACKEND_CONFIG = '{"max_lora_adapters": 16, "sample_max_num_sequences": 16}'
+"""Engine settings for tests.
+
+``max_lora_adapters``: every training client (also one restored from a saved
+state) holds an adapter slot until its session expires; 16 leaves room for a
+whole test session (skyrl's default, 32, only makes the engine's arrays bigger).
+``sample_max_num_sequences``: sampling batches are padded to this many
+sequences, so JAX compiles sampling once per prompt-length bucket instead of
+once per distinct batch size.
+"""
 
 
 # --------------------------------------------------------------------------- launcher
