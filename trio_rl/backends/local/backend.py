@@ -41,8 +41,13 @@ class LocalBackend:
             (``sampler_weights/``).
         seed: seeds the seeds of unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes in one batch.
-        num_threads: if given, ``torch.set_num_threads(num_threads)`` (process-wide);
-            by default torch's own choice, one thread per core, is kept.
+        num_threads: torch intra-op threads while the backend is entered
+            (``torch.set_num_threads`` is process-wide; the previous value is
+            restored on exit). The default, 1, is deliberate: for models this
+            small a second thread gains little, and when the cores are shared
+            with other busy processes, torch's spinning thread barriers made a
+            decode step about 40x slower with 2 threads than with 1 on a
+            2-core machine. ``None`` keeps torch's setting.
     """
 
     def __init__(
@@ -53,16 +58,18 @@ class LocalBackend:
         tokenizer: CharTokenizer | None = None,
         seed: int = 0,
         max_batch_rows: int = 256,
-        num_threads: int | None = None,
+        num_threads: int | None = 1,
     ) -> None:
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be at least 1")
         self._model_config = model_config if model_config is not None else ModelConfig()
         self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
         self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+        if num_threads is not None and num_threads < 1:
+            raise ValueError("num_threads must be at least 1")
+        self._num_threads = num_threads
+        self._saved_threads: int | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
 
     @property
     def tokenizer(self) -> CharTokenizer:
@@ -89,6 +96,9 @@ class LocalBackend:
         manager = trio.open_nursery()
         self._runtime.nursery = await manager.__aenter__()
         self._nursery_manager = manager
+        if self._num_threads is not None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(self._num_threads)
         return self
 
     async def __aexit__(
@@ -104,7 +114,12 @@ class LocalBackend:
         nursery.cancel_scope.cancel()
         # The body's own exception is not handed to the nursery: it propagates
         # unchanged instead of coming out wrapped in an ExceptionGroup.
-        await manager.__aexit__(None, None, None)
+        try:
+            await manager.__aexit__(None, None, None)
+        finally:
+            if self._saved_threads is not None:
+                torch.set_num_threads(self._saved_threads)
+                self._saved_threads = None
         return None
 
     async def create_training_client(
