@@ -1,0 +1,76 @@
+"""trio_rl: reinforcement-learning post-training of language models on Trio.
+
+The public surface: the RL vocabulary (mirroring tinker-cookbook's ``rl/types.py``),
+rollouts and error strategies, data processing, configuration, and the
+:func:`train` / :func:`run` entry points. Backends live in :mod:`trio_rl.backends`,
+fakes for tests in :mod:`trio_rl.testing`.
+"""
+
+from .config import AsyncConfig, Config, StreamMinibatchConfig
+from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
+from .errors import ConfigError, GroupFailedError
+from .evaluation import SamplingClientEvaluator
+from .metrics import trajectory_metrics
+from .rollouts import (
+    ErrorStrategy,
+    FailFast,
+    MinViableGroup,
+    RetryOnFailure,
+    SamplingPolicy,
+    do_group_rollout,
+    do_single_rollout,
+)
+from .train import RunHandle, TrainResult, run, train
+from .types import (
+    Action,
+    Env,
+    EnvGroupBuilder,
+    Metrics,
+    Observation,
+    RLDataset,
+    RolloutError,
+    StepResult,
+    StopCondition,
+    TokensWithLogprobs,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
+
+__all__ = [
+    "Action",
+    "AsyncConfig",
+    "Config",
+    "ConfigError",
+    "Env",
+    "EnvGroupBuilder",
+    "ErrorStrategy",
+    "FailFast",
+    "GroupFailedError",
+    "Metrics",
+    "MinViableGroup",
+    "Observation",
+    "RLDataset",
+    "RetryOnFailure",
+    "RolloutError",
+    "RunHandle",
+    "SamplingClientEvaluator",
+    "SamplingPolicy",
+    "StepResult",
+    "StopCondition",
+    "StreamMinibatchConfig",
+    "TokensWithLogprobs",
+    "TrainResult",
+    "Trajectory",
+    "TrajectoryGroup",
+    "Transition",
+    "assemble_training_data",
+    "compute_advantages",
+    "do_group_rollout",
+    "do_single_rollout",
+    "remove_constant_reward_groups",
+    "run",
+    "train",
+    "trajectory_metrics",
+    "trajectory_to_data",
+]

@@ -89,6 +89,17 @@ class EnvGroupBuilder:
         """Create the envs of one group."""
         raise NotImplementedError
 
+    async def make_env(self, index: int) -> Env:
+        """Build one fresh env for slot ``index``, to retry a failed rollout.
+
+        The retrying error strategies call this; building a whole group to use one
+        env of it would leak the rest. Builders that support retries override it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement make_env(index), which "
+            "RetryOnFailure and MinViableGroup need to retry one env"
+        )
+
     async def compute_group_rewards(
         self, trajectory_group: list[Trajectory], env_group: Sequence[Env]
     ) -> list[tuple[float, Metrics]]:

@@ -1,0 +1,40 @@
+"""Running the pipeline on fakes in virtual time, for the pipeline tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, TrainResult, train
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEvaluator
+
+RUN_DEADLINE_S = 10_000.0
+"""Virtual seconds after which a run counts as hung; under autojump this fails at once."""
+
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {},
+    "stream": {"stream_minibatch_config": StreamMinibatchConfig(groups_per_batch=4, num_minibatches=2)},
+    "requeue": {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="requeue")},
+    "pace": {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="pace")},
+}
+"""Every mode, each with 4 groups per step."""
+
+
+def make_config(log_path: Path, mode: str, **overrides: Any) -> Config:
+    kwargs: dict[str, Any] = {"log_path": log_path, "eval_every": 0, "save_every": 0, **MODES[mode]}
+    kwargs.update(overrides)
+    return Config(**kwargs)
+
+
+async def run_fake(
+    config: Config,
+    dataset: FakeDataset,
+    backend: FakeBackend | None = None,
+    evaluators: tuple[FakeEvaluator, ...] = (),
+) -> TrainResult:
+    backend = backend or FakeBackend(sample_latency=1.0, train_latency=0.5)
+    with trio.fail_after(RUN_DEADLINE_S):
+        async with backend:
+            return await train(config, dataset=dataset, backend=backend, evaluators=evaluators)

@@ -1,0 +1,96 @@
+"""Advantages, constant-reward filtering and Datum assembly."""
+
+from __future__ import annotations
+
+import pytest
+from tinker import types as tinker_types
+
+from trio_rl import (
+    TokensWithLogprobs,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+    assemble_training_data,
+    compute_advantages,
+    remove_constant_reward_groups,
+    trajectory_to_data,
+)
+from trio_rl.data import split_evenly
+
+
+def ob(tokens: list[int]) -> tinker_types.ModelInput:
+    return tinker_types.ModelInput.from_ints(tokens)
+
+
+def turn(ob_tokens: list[int], ac_tokens: list[int], logprobs: list[float], reward: float = 0.0) -> Transition:
+    return Transition(ob(ob_tokens), TokensWithLogprobs(ac_tokens, logprobs), reward, False)
+
+
+def group(rewards: list[float]) -> TrajectoryGroup:
+    trajectories = [Trajectory([turn([1], [2], [-0.1], r)], ob([1, 2])) for r in rewards]
+    return TrajectoryGroup(trajectories, [0.0] * len(rewards), [{} for _ in rewards])
+
+
+def inputs(datum: tinker_types.Datum, key: str) -> list[float]:
+    return datum.loss_fn_inputs[key].tolist()
+
+
+def test_advantages_are_centred_per_group() -> None:
+    groups = [group([1.0, 0.0, 0.5]), group([2.0, 2.0])]
+    assert compute_advantages(groups) == [[0.5, -0.5, 0.0], [0.0, 0.0]]
+
+
+def test_total_reward_adds_final_group_reward() -> None:
+    g = group([1.0, 0.0])
+    g.final_rewards_G = [0.5, 0.25]
+    assert g.get_total_rewards() == [1.5, 0.25]
+
+
+def test_remove_constant_reward_groups_keeps_only_mixed_groups() -> None:
+    mixed = group([1.0, 0.0])
+    assert remove_constant_reward_groups([group([1.0, 1.0]), mixed, group([0.0, 0.0])]) == [mixed]
+    assert remove_constant_reward_groups([group([1.0, 1.0])]) == []
+
+
+def test_single_turn_datum_is_shifted_and_masks_the_observation() -> None:
+    trajectory = Trajectory([turn([10, 11, 12], [20, 21], [-0.5, -0.25])], ob([10, 11, 12, 20, 21]))
+    (datum,) = trajectory_to_data(trajectory, advantage=2.0)
+    assert datum.model_input.to_ints() == [10, 11, 12, 20]
+    assert inputs(datum, "target_tokens") == [11, 12, 20, 21]
+    assert inputs(datum, "logprobs") == [0.0, 0.0, -0.5, -0.25]
+    assert inputs(datum, "advantages") == [0.0, 0.0, 2.0, 2.0]
+    assert "weights" not in datum.loss_fn_inputs
+
+
+def test_extending_turns_merge_into_one_datum() -> None:
+    first = turn([1, 2], [3], [-0.3])
+    second = turn([1, 2, 3, 4], [5, 6], [-0.5, -0.6])
+    (datum,) = trajectory_to_data(Trajectory([first, second], ob([1, 2, 3, 4, 5, 6])), advantage=1.0)
+    assert inputs(datum, "target_tokens") == [2, 3, 4, 5, 6]
+    assert inputs(datum, "advantages") == [0.0, 1.0, 0.0, 1.0, 1.0]
+    assert inputs(datum, "logprobs") == pytest.approx([0.0, -0.3, 0.0, -0.5, -0.6])
+
+
+def test_a_turn_that_does_not_extend_starts_a_new_datum() -> None:
+    first = turn([1, 2], [3], [-0.3])
+    second = turn([9, 9], [7], [-0.7])
+    data = trajectory_to_data(Trajectory([first, second], ob([9, 9, 7])), advantage=1.0)
+    assert [d.model_input.to_ints() for d in data] == [[1, 2], [9, 9]]
+    assert [inputs(d, "target_tokens") for d in data] == [[2, 3], [9, 7]]
+
+
+def test_cross_entropy_data_carries_weights_instead_of_rl_inputs() -> None:
+    trajectory = Trajectory([turn([1, 2], [3, 4], [-0.1, -0.2])], ob([1, 2, 3, 4]))
+    (datum,) = trajectory_to_data(trajectory, advantage=1.0, loss_fn="cross_entropy")
+    assert inputs(datum, "weights") == [0.0, 1.0, 1.0]
+    assert set(datum.loss_fn_inputs) == {"target_tokens", "weights"}
+
+
+def test_assemble_training_data_uses_group_advantages_in_order() -> None:
+    data = assemble_training_data([group([1.0, 0.0]), group([3.0, 1.0])])
+    assert [inputs(d, "advantages")[-1] for d in data] == [0.5, -0.5, 1.0, -1.0]
+
+
+def test_split_evenly_sizes_differ_by_at_most_one() -> None:
+    assert [len(c) for c in split_evenly(list(range(7)), 3)] == [3, 2, 2]
+    assert split_evenly([], 2) == [[], []]

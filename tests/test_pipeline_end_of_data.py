@@ -1,0 +1,86 @@
+"""The end of data, in every mode: it ends the run at once, with every group accounted for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from tests.conftest import read_jsonl
+from tests.pipeline_helpers import MODES, make_config, run_fake
+from trio_rl.testing import FakeBackend, FakeDataset
+
+@pytest.mark.parametrize("mode", ["pace", "requeue"])
+async def test_fewer_groups_than_one_batch_train_one_partial_step(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=1, batch_size=4, last_batch_size=3)
+    result = await run_fake(make_config(log_path, mode), dataset)
+    assert result.final_step == 1
+    assert result.trained_groups == 3
+    record, final = read_jsonl(log_path / "metrics.jsonl")
+    assert record["progress/partial_batch"] == 1 and record["progress/groups"] == 3
+    assert final["step"] == 1 and final["run/trained_groups"] == 3
+    assert result.checkpoint is not None and result.checkpoint.step == 1 and result.checkpoint.final
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_exactly_one_batch_trains_one_full_step(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    result = await run_fake(make_config(log_path, mode), FakeDataset(num_batches=1, batch_size=4))
+    assert (result.final_step, result.trained_groups) == (1, 4)
+    assert result.step_metrics[0]["progress/partial_batch"] == 0
+
+
+@pytest.mark.parametrize("mode", ["pace", "requeue"])
+async def test_data_ending_mid_batch_trains_the_rest_as_a_last_partial_step(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    # 3 dataset batches of 3 groups = 9 groups, trained in steps of 4: 4, 4, then 1.
+    dataset = FakeDataset(num_batches=3, batch_size=3)
+    result = await run_fake(make_config(log_path, mode, num_workers=4), dataset, FakeBackend(sample_latency=1.0))
+    assert [m["progress/groups"] for m in result.step_metrics] == [4, 4, 1]
+    assert [m["progress/partial_batch"] for m in result.step_metrics] == [0, 0, 1]
+    assert result.summary["run/trained_groups"] == 9 and result.summary["run/dropped_stale"] == 0
+    assert result.checkpoint is not None and result.checkpoint.step == result.final_step == 3
+
+
+async def test_requeue_accounts_for_every_group_when_data_ends(log_path: Path, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=3, batch_size=3)
+    result = await run_fake(make_config(log_path, "requeue"), dataset, FakeBackend(sample_latency=1.0))
+    summary = result.summary
+    assert summary["run/trained_groups"] + summary["run/dropped_stale"] == 9
+    assert summary["run/dropped_stale"] == result.dropped_groups > 0
+    assert summary["run/cancelled_groups"] == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+async def test_sync_data_ending_mid_batch_trains_the_short_last_batch(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=3, batch_size=4, last_batch_size=2)
+    result = await run_fake(make_config(log_path, mode), dataset)
+    assert [m["progress/groups"] for m in result.step_metrics] == [4, 4, 2]
+    assert [m["progress/partial_batch"] for m in result.step_metrics] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_run_ends_the_instant_the_last_group_is_trained(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    dataset = FakeDataset(num_batches=1, batch_size=4)
+    start = trio.current_time()
+    await run_fake(make_config(log_path, mode), dataset, backend)
+    forward_backwards = backend.calls_of("forward_backward")
+    # Sampling takes 1.0, then each forward_backward 0.5; nothing waits after the last.
+    assert forward_backwards[0].time - start == pytest.approx(1.0, abs=1e-6)
+    assert trio.current_time() - start == pytest.approx(1.0 + 0.5 * len(forward_backwards), abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_more_workers_than_groups(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=2, batch_size=4, last_batch_size=2)
+    result = await run_fake(make_config(log_path, mode, num_workers=16), dataset)
+    assert result.trained_groups + result.dropped_groups == 6
+    assert len([line for line in dataset.log if line.startswith("cleanup")]) >= 6
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_empty_dataset_trains_nothing_and_still_saves(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    result = await run_fake(make_config(log_path, mode), FakeDataset(num_batches=0, batch_size=4))
+    assert result.final_step == 0 and result.step_metrics == []
+    assert result.checkpoint is not None and result.checkpoint.step == 0

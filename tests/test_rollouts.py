@@ -1,0 +1,146 @@
+"""Single, multi-turn and group rollouts, cleanup, and the error strategies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import trio
+from tinker import types as tinker_types
+
+from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
+from trio_rl.rollouts import SamplingPolicy, TokenPolicy
+from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
+
+
+def policies(backend: FakeBackend, seed: int = 0):  # noqa: ANN201 - a PolicyFactory
+    client = FakeSamplingClient(backend, version=0, model_path=None)
+
+    def policy_for(env_index: int, attempt: int) -> TokenPolicy:
+        return SamplingPolicy(client, tinker_types.SamplingParams(max_tokens=4), seed * 1000 + env_index * 10 + attempt)
+
+    return policy_for
+
+
+async def test_single_turn_rollout_records_one_transition() -> None:
+    env = FakeEnv((0, 0), 0, FakeEnvSpec(turns=1), attempt=0, log=[])
+    trajectory = await do_single_rollout(policies(FakeBackend())(0, 0), env)
+    assert len(trajectory.transitions) == 1
+    transition = trajectory.transitions[0]
+    assert transition.episode_done
+    assert len(transition.ac.tokens) == len(transition.ac.logprobs) >= 1
+    assert trajectory.final_ob.to_ints()[: transition.ob.length] == transition.ob.to_ints()
+
+
+async def test_multi_turn_rollout_feeds_each_observation_back() -> None:
+    env = FakeEnv((0, 0), 0, FakeEnvSpec(turns=3), attempt=0, log=[])
+    trajectory = await do_single_rollout(policies(FakeBackend())(0, 0), env)
+    assert len(trajectory.transitions) == 3
+    assert [t.episode_done for t in trajectory.transitions] == [False, False, True]
+    for before, after in zip(trajectory.transitions, trajectory.transitions[1:]):
+        assert after.ob.to_ints()[: before.ob.length] == before.ob.to_ints()
+
+
+async def test_policy_seeds_differ_per_turn_and_repeat_per_identity() -> None:
+    backend = FakeBackend()
+    for _ in range(2):
+        env = FakeEnv((0, 0), 0, FakeEnvSpec(turns=2), attempt=0, log=[])
+        await do_single_rollout(policies(backend)(0, 0), env)
+    seeds = [c.detail["seed"] for c in backend.calls_of("sample")]
+    assert seeds[0] != seeds[1]
+    assert seeds[:2] == seeds[2:]
+
+
+async def test_group_rollout_computes_group_rewards_and_cleans_up() -> None:
+    log: list[str] = []
+    builder = FakeEnvGroupBuilder((0, 0), FakeEnvSpec(group_size=3), log)
+    group = await do_group_rollout(builder, policies(FakeBackend()))
+    assert len(group.trajectories_G) == 3
+    assert group.metrics_G == [{"group_size": 3}] * 3
+    assert log[-1] == "cleanup (0, 0)"
+
+
+async def test_cleanup_runs_even_when_the_group_is_cancelled(autojump_clock: trio.testing.MockClock) -> None:
+    log: list[str] = []
+    builder = FakeEnvGroupBuilder((0, 0), FakeEnvSpec(group_size=2, hang_at={(0, 0)}), log)
+    with trio.move_on_after(5):
+        await do_group_rollout(builder, policies(FakeBackend()))
+    assert "hang (0, 0)" in log
+    assert log[-1] == "cleanup (0, 0)"
+
+
+async def test_fail_fast_cancels_siblings_and_raises_the_original_error(autojump_clock: trio.testing.MockClock) -> None:
+    log: list[str] = []
+    spec = FakeEnvSpec(group_size=3, step_latency=10.0, fail_at={(0, 0): "step"}, error=KeyError)
+    builder = FakeEnvGroupBuilder((0, 0), spec, log)
+    with trio.fail_after(100), pytest.RaisesGroup(KeyError, flatten_subgroups=True):
+        await do_group_rollout(builder, policies(FakeBackend()), FailFast())
+    # The failing env raised at once; the others were cancelled, not awaited.
+    assert trio.current_time() < 10.0
+    assert log[-1] == "cleanup (0, 0)"
+
+
+async def test_retry_on_failure_retries_one_fresh_env_and_records_errors() -> None:
+    log: list[str] = []
+    spec = FakeEnvSpec(group_size=3, fail_at={(0, 0): "step"}, fail_attempts=1)
+    builder = FakeEnvGroupBuilder((0, 0), spec, log)
+    group = await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=2))
+    assert len(group.trajectories_G) == 3
+    assert [(e.env_index, e.attempt) for e in group.rollout_errors] == [(0, 0)]
+    assert isinstance(group.rollout_errors[0].error, RuntimeError)
+    # One env rebuilt for the one failed slot; the group was built once.
+    assert log.count("make_env (0, 0) 0") == 1
+    assert log.count("make_envs (0, 0)") == 1
+
+
+async def test_retry_on_failure_raises_when_retries_run_out() -> None:
+    spec = FakeEnvSpec(group_size=2, fail_at={(0, 0): "step"}, fail_attempts=None)
+    builder = FakeEnvGroupBuilder((0, 0), spec, [])
+    with pytest.raises(GroupFailedError, match="after 2 retries") as info:
+        await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=2))
+    assert [(e.env_index, e.attempt) for e in info.value.errors] == [(0, 0), (0, 1), (0, 2)]
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+async def test_a_hung_rollout_times_out_and_is_retried(autojump_clock: trio.testing.MockClock) -> None:
+    log: list[str] = []
+    spec = FakeEnvSpec(group_size=2, hang_at={(0, 0)})
+    builder = FakeEnvGroupBuilder((0, 0), spec, log)
+    with trio.fail_after(100):
+        group = await do_group_rollout(
+            builder, policies(FakeBackend()), RetryOnFailure(max_retries=1, per_rollout_timeout=5.0)
+        )
+    assert len(group.trajectories_G) == 2
+    (error,) = group.rollout_errors
+    assert error.timed_out and error.env_index == 0
+    assert trio.current_time() == pytest.approx(5.0)
+
+
+async def test_min_viable_group_keeps_the_survivors_above_the_floor() -> None:
+    class TwoFailing(FakeEnvGroupBuilder):
+        async def make_envs(self) -> Sequence[FakeEnv]:
+            envs = list(await super().make_envs())
+            for env in envs[:2]:
+                env.spec = FakeEnvSpec(fail_at={self.key: "step"})
+                env.index = 0  # the fake fails env 0 of a failing key
+            return envs
+
+        async def make_env(self, index: int) -> FakeEnv:
+            env = FakeEnv(self.key, 0, FakeEnvSpec(fail_at={self.key: "step"}), 0, self.log)
+            return env
+
+    builder = TwoFailing((0, 0), FakeEnvSpec(group_size=4), [])
+    group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=2, max_retries=1))
+    assert len(group.trajectories_G) == 2
+    assert sorted((e.env_index, e.attempt) for e in group.rollout_errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    with pytest.raises(GroupFailedError, match="needs 3"):
+        await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=3, max_retries=1))
+
+
+def test_error_strategy_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_retries"):
+        RetryOnFailure(max_retries=-1)
+    with pytest.raises(ValueError, match="per_rollout_timeout"):
+        RetryOnFailure(per_rollout_timeout=0)
+    with pytest.raises(ValueError, match="min_successful"):
+        MinViableGroup(min_successful=0)

@@ -1,0 +1,230 @@
+"""Run configuration: the knobs of tinker-cookbook's RL loop, checked before any work starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tinker import types as tinker_types
+
+from .errors import ConfigError
+from .rollouts import ErrorStrategy, FailFast
+
+LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class StreamMinibatchConfig:
+    """Sync on-policy training that trains each minibatch as soon as it fills.
+
+    Each step's ``groups_per_batch`` groups are split into ``num_minibatches``
+    minibatches; each gets its own ``forward_backward`` as soon as its groups have
+    arrived, and an ``optim_step`` follows every ``num_minibatches / num_substeps``
+    minibatches.
+    """
+
+    groups_per_batch: int
+    num_minibatches: int
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """Off-policy training: rollouts keep sampling while the trainer trains.
+
+    Attributes:
+        max_steps_off_policy: K, how many steps behind the trainer a group's
+            sampling weights may be when it is trained.
+        groups_per_batch: groups per training step.
+        staleness: ``"requeue"`` resamples groups more than K steps stale while
+            the dataset still has data and drops them (counted) afterwards;
+            ``"pace"`` never starts a group that could end up more than K steps
+            stale, so nothing is discarded.
+    """
+
+    max_steps_off_policy: int
+    groups_per_batch: int
+    staleness: Literal["requeue", "pace"] = "requeue"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs besides its dataset, backend and evaluators.
+
+    Attributes:
+        log_path: folder for ``metrics.jsonl``, ``checkpoints.jsonl`` and checkpoints.
+        base_model: model name passed to the backend.
+        lora_rank: LoRA rank on Tinker; ignored by backends that train all weights.
+        learning_rate, adam_beta1, adam_beta2, adam_eps, weight_decay, grad_clip_norm:
+            Adam parameters for every ``optim_step``.
+        max_tokens, temperature, top_k, top_p: sampling parameters for rollouts.
+        loss_fn, loss_fn_config: the loss sent with ``forward_backward``.
+        num_substeps: optimizer steps per training step (the batch is split evenly).
+        eval_every: evaluate the weights of every ``eval_every``-th step (0: only the final weights).
+        save_every: save state every ``save_every`` steps (0: only the final state).
+        max_steps: stop after this many training steps (None: when the data runs out).
+        remove_constant_reward_groups: drop groups whose rewards are all equal.
+        kl_penalty_coef: reserved; a nonzero value is rejected until a reference model is supported.
+        seed: seed from which every rollout's randomness derives.
+        num_workers: concurrent rollout workers (None: enough for every group in flight).
+        error_strategy: what a failed rollout does to its group.
+        stream_minibatch_config, async_config: select the mode (neither: sync on-policy).
+        load_checkpoint_path: resume from this ``save_state`` path (see also ``resume``).
+        resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
+        save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
+            state of the last completed step, waiting at most ``cancel_save_timeout`` s.
+    """
+
+    log_path: Path | str
+    base_model: str = "trio-rl-tiny"
+    lora_rank: int = 32
+    learning_rate: float = 1e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+    max_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    loss_fn: str = "importance_sampling"
+    loss_fn_config: dict[str, float] | None = None
+    num_substeps: int = 1
+    eval_every: int = 20
+    save_every: int = 20
+    max_steps: int | None = None
+    remove_constant_reward_groups: bool = False
+    kl_penalty_coef: float = 0.0
+    seed: int = 0
+    num_workers: int | None = None
+    error_strategy: ErrorStrategy = field(default_factory=FailFast)
+    stream_minibatch_config: StreamMinibatchConfig | None = None
+    async_config: AsyncConfig | None = None
+    load_checkpoint_path: str | None = None
+    resume: bool = False
+    save_on_cancel: bool = False
+    cancel_save_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_path", Path(self.log_path))
+
+    @property
+    def mode(self) -> Literal["sync", "stream", "async"]:
+        """Which training loop the configuration selects."""
+        if self.async_config is not None:
+            return "async"
+        if self.stream_minibatch_config is not None:
+            return "stream"
+        return "sync"
+
+    def adam_params(self) -> tinker_types.AdamParams:
+        """The ``AdamParams`` sent with every ``optim_step``."""
+        return tinker_types.AdamParams(
+            learning_rate=self.learning_rate,
+            beta1=self.adam_beta1,
+            beta2=self.adam_beta2,
+            eps=self.adam_eps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip_norm,
+        )
+
+    def sampling_params(self, seed: int) -> tinker_types.SamplingParams:
+        """Sampling parameters for one rollout turn; ``seed`` makes it reproducible."""
+        return tinker_types.SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=seed,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able view, written beside the metrics for the record."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = {"type": type(value).__name__, **dataclasses.asdict(value)}
+            elif isinstance(value, Path):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+    def validate(self, dataset_batch_size: int | None = None) -> None:
+        """Reject an invalid configuration, naming the field and the fix.
+
+        Args:
+            dataset_batch_size: groups in the dataset's first batch, when known; the
+                stream-minibatch mode needs it to match ``groups_per_batch``.
+
+        Raises:
+            ConfigError: for the first problem found.
+        """
+        if self.loss_fn not in LOSS_FNS:
+            raise ConfigError("loss_fn", f"unknown loss {self.loss_fn!r}; use one of {', '.join(LOSS_FNS)}")
+        _positive("learning_rate", self.learning_rate, "a positive float such as 1e-4")
+        _positive("max_tokens", self.max_tokens, "a positive token count")
+        if self.temperature < 0:
+            raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
+        _positive("num_substeps", self.num_substeps, "1 or more")
+        _non_negative("eval_every", self.eval_every, "0 disables periodic evaluation")
+        _non_negative("save_every", self.save_every, "0 saves only the final state")
+        if self.max_steps is not None:
+            _non_negative("max_steps", self.max_steps, "None trains until the data runs out")
+        if self.num_workers is not None:
+            _positive("num_workers", self.num_workers, "at least 1, or None for the default")
+        if self.kl_penalty_coef != 0.0:
+            raise ConfigError(
+                "kl_penalty_coef", "a KL penalty needs a reference model, which trio_rl does not support yet; set it to 0"
+            )
+        if self.async_config is not None and self.stream_minibatch_config is not None:
+            raise ConfigError(
+                "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"
+            )
+        if self.async_config is not None:
+            ac = self.async_config
+            if ac.max_steps_off_policy < 0:
+                raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {ac.max_steps_off_policy}")
+            _positive("async_config.groups_per_batch", ac.groups_per_batch, "at least 1 group per step")
+            if ac.staleness not in ("requeue", "pace"):
+                raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {ac.staleness!r}")
+            _divides("async_config.groups_per_batch", ac.groups_per_batch, "num_substeps", self.num_substeps)
+        if self.stream_minibatch_config is not None:
+            sc = self.stream_minibatch_config
+            _positive("stream_minibatch_config.groups_per_batch", sc.groups_per_batch, "at least 1")
+            _positive("stream_minibatch_config.num_minibatches", sc.num_minibatches, "at least 1")
+            _divides(
+                "stream_minibatch_config.groups_per_batch",
+                sc.groups_per_batch,
+                "stream_minibatch_config.num_minibatches",
+                sc.num_minibatches,
+            )
+            _divides(
+                "stream_minibatch_config.num_minibatches", sc.num_minibatches, "num_substeps", self.num_substeps
+            )
+            if dataset_batch_size is not None and dataset_batch_size != sc.groups_per_batch:
+                raise ConfigError(
+                    "stream_minibatch_config.groups_per_batch",
+                    f"is {sc.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
+                )
+        if self.mode == "sync" and dataset_batch_size is not None:
+            _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
+        if self.load_checkpoint_path is not None and self.resume:
+            raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
+
+
+def _positive(name: str, value: float, fix: str) -> None:
+    if not value > 0:
+        raise ConfigError(name, f"must be > 0, got {value}; use {fix}")
+
+
+def _non_negative(name: str, value: float, fix: str) -> None:
+    if value < 0:
+        raise ConfigError(name, f"must be >= 0, got {value} ({fix})")
+
+
+def _divides(name: str, value: int, divisor_name: str, divisor: int) -> None:
+    if value % divisor != 0:
+        raise ConfigError(name, f"{value} is not divisible by {divisor_name}={divisor}; make it a multiple of {divisor}")

@@ -1,0 +1,129 @@
+"""From trajectory groups to training data: advantages, filtering and Datum assembly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tinker import types as tinker_types
+
+from .types import Trajectory, TrajectoryGroup
+
+T = TypeVar("T")
+
+RL_LOSS_INPUTS = ("target_tokens", "logprobs", "advantages")
+"""The ``loss_fn_inputs`` the RL losses read, and all that is sent with them."""
+
+
+def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
+    """Group-centred advantages: each trajectory's total reward minus its group's mean."""
+    advantages: list[list[float]] = []
+    for group in groups:
+        rewards = group.get_total_rewards()
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        advantages.append([r - mean for r in rewards])
+    return advantages
+
+
+def is_constant_reward(group: TrajectoryGroup) -> bool:
+    """Whether every trajectory of ``group`` got the same total reward (no learning signal)."""
+    rewards = group.get_total_rewards()
+    return all(r == rewards[0] for r in rewards)
+
+
+def remove_constant_reward_groups(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """Drop groups whose advantages would all be zero. May return an empty list."""
+    return [g for g in groups if not is_constant_reward(g)]
+
+
+@dataclass
+class _Sequence:
+    """A growing token sequence with per-token sampling logprob, advantage and mask."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    mask: list[float] = field(default_factory=list)
+
+    def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:
+        self.tokens.extend(tokens)
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
+        self.advantages.extend([advantage if trained else 0.0] * len(tokens))
+        self.mask.extend([1.0 if trained else 0.0] * len(tokens))
+
+    def to_datum(self, loss_fn: str) -> tinker_types.Datum:
+        # The model reads tokens[:-1] and is scored on predicting tokens[1:].
+        inputs: dict[str, list[int] | list[float]] = {"target_tokens": self.tokens[1:]}
+        if loss_fn == "cross_entropy":
+            inputs["weights"] = self.mask[1:]
+        else:
+            inputs["logprobs"] = self.logprobs[1:]
+            inputs["advantages"] = self.advantages[1:]
+        return tinker_types.Datum(
+            model_input=tinker_types.ModelInput.from_ints(self.tokens[:-1]),
+            loss_fn_inputs=inputs,  # type: ignore[arg-type]
+        )
+
+
+def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling") -> list[tinker_types.Datum]:
+    """Turn one trajectory into training data.
+
+    Turns whose observation extends the sequence so far (the usual multi-turn chat
+    case) are merged into one Datum; an observation that does not extend it starts
+    a new Datum. Observation tokens carry zero advantage and zero logprob; action
+    tokens carry the trajectory's advantage and the sampler's logprobs.
+
+    Args:
+        trajectory: the episode.
+        advantage: its advantage, applied to every action token.
+        loss_fn: ``cross_entropy`` gets ``weights`` (the action mask); RL losses get
+            ``logprobs`` and ``advantages``.
+
+    Returns:
+        One Datum per maximal run of extending turns.
+    """
+    data: list[tinker_types.Datum] = []
+    current = _Sequence()
+    for transition in trajectory.transitions:
+        ob_tokens = transition.ob.to_ints()
+        if ob_tokens[: len(current.tokens)] == current.tokens:
+            current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
+        else:
+            if len(current.tokens) > 1:
+                data.append(current.to_datum(loss_fn))
+            current = _Sequence()
+            current.extend(ob_tokens, None, 0.0, trained=False)
+        action = transition.ac
+        current.extend(action.tokens, action.maybe_logprobs, advantage, trained=True)
+    if len(current.tokens) > 1:
+        data.append(current.to_datum(loss_fn))
+    return data
+
+
+def assemble_training_data(
+    groups: Sequence[TrajectoryGroup], loss_fn: str = "importance_sampling"
+) -> list[tinker_types.Datum]:
+    """Advantages, then Datums, for a batch of groups, in the order given.
+
+    Trajectories whose advantage is exactly zero still produce data (their
+    observation tokens shape nothing, their action tokens get zero weight in the
+    RL losses), so the number of Datums does not depend on reward values.
+    """
+    data: list[tinker_types.Datum] = []
+    for group, advantages in zip(groups, compute_advantages(groups)):
+        for trajectory, advantage in zip(group.trajectories_G, advantages):
+            data.extend(trajectory_to_data(trajectory, advantage, loss_fn))
+    return data
+
+
+def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
+    """Split ``items`` into ``parts`` contiguous chunks whose sizes differ by at most one."""
+    size, extra = divmod(len(items), parts)
+    chunks: list[list[T]] = []
+    start = 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(list(items[start:end]))
+        start = end
+    return chunks

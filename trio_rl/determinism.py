@@ -1,0 +1,37 @@
+"""Making results independent of Trio's randomised scheduling order.
+
+Trio runs the tasks that are ready at the same moment in a random order, on
+purpose. Two rules keep trio_rl's results identical across runs anyway:
+
+- randomness comes from seeds derived from identities (:func:`derive_seed`),
+  never from a generator shared by tasks;
+- a decision that depends on "what has happened so far" (which groups make up a
+  batch, which weights a rollout samples from) is taken only after
+  :func:`settle`, which lets everything due at the current instant happen first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import trio
+
+SETTLE_S = 1e-9
+"""A sleep this short costs one scheduler pass in real time. Under a MockClock
+with autojump, the clock only moves once every task is blocked, so waking up
+after it means all work due at the previous instant has been done."""
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed that depends only on ``parts``, e.g. (seed, batch, group, attempt).
+
+    Hashing, rather than adding or xoring, keeps nearby identities from producing
+    related random streams.
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+async def settle() -> None:
+    """Wait until everything scheduled for the current instant has run."""
+    await trio.sleep(SETTLE_S)

@@ -1,0 +1,36 @@
+"""The error types trio_rl raises itself.
+
+Errors from envs, evaluators and backends are never wrapped: a failing run raises
+an ``ExceptionGroup`` whose leaves are the original exceptions (see
+:func:`trio_rl.train`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .types import RolloutError
+
+
+class ConfigError(ValueError):
+    """An invalid configuration, reported before any work starts.
+
+    Attributes:
+        field: the configuration field at fault.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class GroupFailedError(RuntimeError):
+    """An env group could not produce a usable group of trajectories.
+
+    Raised by the retrying error strategies once retries are exhausted. The failed
+    attempts are in :attr:`errors`, and the last one is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, errors: Sequence[RolloutError]) -> None:
+        super().__init__(message)
+        self.errors = list(errors)

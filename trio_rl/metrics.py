@@ -1,0 +1,162 @@
+"""Trajectory metrics under tinker-cookbook's names, and the per-step metrics log."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .types import Metrics, TrajectoryGroup
+
+GOOD_REWARD_THRESHOLD = 0.5
+"""A constant-reward group counts as all good at or above this reward, else all bad."""
+
+WALL_TIME_PREFIX = "time/"
+"""Metrics under this prefix measure wall time and differ between identical runs."""
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _metrics_for(prefix: str, groups: Sequence[TrajectoryGroup]) -> Metrics:
+    trajectories = [t for g in groups for t in g.trajectories_G]
+    totals = [r for g in groups for r in g.get_total_rewards()]
+    turns = [len(t.transitions) for t in trajectories]
+    ac_tokens = [len(tr.ac.tokens) for t in trajectories for tr in t.transitions]
+    ob_tokens = [tr.ob.length for t in trajectories for tr in t.transitions]
+    out: Metrics = {
+        f"{prefix}/reward/total": _mean(totals),
+        f"{prefix}/total_episodes": len(trajectories),
+        f"{prefix}/total_turns": sum(turns),
+        f"{prefix}/turns_per_episode": _mean(turns),
+        f"{prefix}/total_ac_tokens": sum(ac_tokens),
+        f"{prefix}/total_ob_tokens": sum(ob_tokens),
+        f"{prefix}/ac_tokens_per_turn": _mean(ac_tokens),
+        f"{prefix}/ob_tokens_per_turn": _mean(ob_tokens),
+    }
+    mixed = good = bad = 0
+    for group in groups:
+        rewards = group.get_total_rewards()
+        if not rewards:
+            continue
+        if any(r != rewards[0] for r in rewards):
+            mixed += 1
+        elif rewards[0] >= GOOD_REWARD_THRESHOLD:
+            good += 1
+        else:
+            bad += 1
+    counted = mixed + good + bad
+    if counted:
+        out[f"{prefix}/by_group/frac_mixed"] = mixed / counted
+        out[f"{prefix}/by_group/frac_all_good"] = good / counted
+        out[f"{prefix}/by_group/frac_all_bad"] = bad / counted
+    per_key: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        for tr in t.transitions:
+            for key, value in tr.metrics.items():
+                per_key[key].append(float(value))
+    for group in groups:
+        for metrics in group.metrics_G:
+            for key, value in metrics.items():
+                per_key[key].append(float(value))
+    for key, values in sorted(per_key.items()):
+        out[f"{prefix}/{key}"] = _mean(values)
+    return out
+
+
+def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequence[str]]) -> Metrics:
+    """Reward, episode, turn and token metrics for a batch, overall and per logging tag.
+
+    Args:
+        groups: the batch's groups.
+        tags: each group's ``logging_tags()``, aligned with ``groups``.
+
+    Returns:
+        ``env/all/...`` for every group and ``env/<tag>/...`` for each tag's groups.
+    """
+    if len(groups) != len(tags):
+        raise ValueError(f"{len(groups)} groups but {len(tags)} tag lists")
+    out = _metrics_for("env/all", groups)
+    by_tag: dict[str, list[TrajectoryGroup]] = defaultdict(list)
+    for group, group_tags in zip(groups, tags):
+        for tag in group_tags:
+            by_tag[tag].append(group)
+    for tag in sorted(by_tag):
+        out.update(_metrics_for(f"env/{tag}", by_tag[tag]))
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    # JSON has no NaN; null keeps the line valid for strict readers.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Per-step records written in step order to ``metrics.jsonl`` and a live channel.
+
+    A step's record is released once its training metrics are in and, when an
+    evaluation is due for that step, its evaluation metrics too. Records are
+    released strictly in step order, so an evaluation that finishes late still
+    lands in the line of the step it belongs to. The final weights' evaluation,
+    which has no training step of its own, is released by :meth:`close`.
+    """
+
+    def __init__(self, path: Path | None, first_step: int = 0) -> None:
+        self._file = path.open("a") if path is not None else None
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._trained: set[int] = set()
+        self._awaiting_eval: set[int] = set()
+        self._next_step = first_step
+        self.records: list[dict[str, Any]] = []
+        """Every released record, in step order."""
+        self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](math.inf)
+
+    def expect_eval(self, step: int) -> None:
+        """Hold ``step``'s record until :meth:`record_eval` delivers its evaluation."""
+        self._awaiting_eval.add(step)
+
+    def record_train(self, step: int, metrics: Metrics) -> None:
+        """Add the training metrics of ``step``."""
+        self._pending.setdefault(step, {"step": step}).update(metrics)
+        self._trained.add(step)
+        self._flush()
+
+    def record_eval(self, step: int, metrics: Metrics) -> None:
+        """Add the evaluation metrics of the weights of ``step``."""
+        self._awaiting_eval.discard(step)
+        self._pending.setdefault(step, {"step": step}).update(metrics)
+        self._flush()
+
+    def record_final(self, step: int, metrics: Metrics) -> None:
+        """Add the end-of-run summary, kept under the final weights' step until :meth:`close`."""
+        self._pending.setdefault(step, {"step": step}).update(metrics)
+
+    def _flush(self) -> None:
+        while self._next_step in self._trained and self._next_step not in self._awaiting_eval:
+            self._release(self._pending.pop(self._next_step))
+            self._next_step += 1
+
+    def _release(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self._file is not None:
+            self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
+            self._file.flush()
+        self._live_send.send_nowait(record)
+
+    def close(self) -> None:
+        """Release whatever is left, in step order, and end the live channel."""
+        self._flush()
+        for step in sorted(self._pending):
+            self._release(self._pending.pop(step))
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._live_send.close()

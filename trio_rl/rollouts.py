@@ -1,0 +1,302 @@
+"""Rollouts: one env, one group, and what to do when a rollout fails.
+
+A rollout alternates sampling and ``env.step`` until the episode ends. A group
+rollout runs one rollout per env of an :class:`EnvGroupBuilder` concurrently, then
+asks the builder for group rewards. The error strategies decide what a failing
+rollout does to its group; they are built from nurseries and cancel scopes, and
+failures are captured with :mod:`outcome`:
+
+- :class:`FailFast`: the first failure cancels the group and propagates.
+- :class:`RetryOnFailure`: each failed rollout is retried on one fresh env; the
+  group fails only if some env exhausts its retries.
+- :class:`MinViableGroup`: like ``RetryOnFailure``, but the group survives with
+  whatever succeeded as long as at least ``min_successful`` rollouts did.
+
+Every failed attempt is recorded as a :class:`RolloutError` on its group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import outcome
+import trio
+from tinker import types as tinker_types
+
+from .backends.protocol import SamplingClient
+from .errors import GroupFailedError
+from .determinism import derive_seed
+from .types import (
+    Env,
+    EnvGroupBuilder,
+    Observation,
+    RolloutError,
+    StopCondition,
+    TokensWithLogprobs,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
+
+CLEANUP_TIMEOUT_S = 30.0
+"""How long ``EnvGroupBuilder.cleanup`` may take; it runs shielded, so it needs a bound."""
+
+
+class TokenPolicy(Protocol):
+    """Chooses the next action for an observation."""
+
+    async def __call__(self, ob: Observation, stop: StopCondition) -> TokensWithLogprobs: ...
+
+
+class SamplingPolicy:
+    """A policy that samples one completion per turn from a sampling client.
+
+    Each turn's sampling seed derives from ``seed`` and the turn number, so a
+    rollout's randomness depends only on its identity, not on scheduling.
+    """
+
+    def __init__(
+        self, client: SamplingClient, sampling_params: tinker_types.SamplingParams, seed: int
+    ) -> None:
+        self._client = client
+        self._params = sampling_params
+        self._seed = seed
+        self._turn = 0
+
+    async def __call__(self, ob: Observation, stop: StopCondition) -> TokensWithLogprobs:
+        params = self._params.model_copy(update={"stop": stop, "seed": derive_seed(self._seed, self._turn)})
+        self._turn += 1
+        response = await self._client.sample(ob, 1, params)
+        sequence = response.sequences[0]
+        return TokensWithLogprobs(tokens=list(sequence.tokens), maybe_logprobs=sequence.logprobs)
+
+
+PolicyFactory = Callable[[int, int], TokenPolicy]
+"""``(env_index, attempt) -> policy``: a fresh policy for each rollout attempt."""
+
+
+async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
+    """Run one episode of ``env`` under ``policy``."""
+    ob, stop = await env.initial_observation()
+    transitions: list[Transition] = []
+    while True:
+        action = await policy(ob, stop)
+        result = await env.step(action.tokens)
+        transitions.append(Transition(ob, action, result.reward, result.episode_done, result.metrics))
+        if result.episode_done:
+            return Trajectory(transitions=transitions, final_ob=result.next_observation)
+        ob, stop = result.next_observation, result.next_stop_condition
+
+
+@dataclass(frozen=True)
+class GroupRollout:
+    """What an error strategy produced: surviving trajectories, their envs, and failures."""
+
+    trajectories: list[Trajectory]
+    envs: list[Env]
+    errors: list[RolloutError] = field(default_factory=list)
+
+
+class ErrorStrategy(Protocol):
+    """Runs the rollouts of one group and decides what failures mean."""
+
+    @property
+    def max_retries(self) -> int:
+        """How many times one env slot may be retried (0: never)."""
+        ...
+
+    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
+        """Roll out every env; raise if the group cannot be used."""
+        ...
+
+
+@dataclass(frozen=True)
+class FailFast:
+    """The first failing rollout cancels its siblings and propagates unchanged."""
+
+    @property
+    def max_retries(self) -> int:
+        return 0
+
+    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
+        trajectories: list[Trajectory | None] = [None] * len(envs)
+
+        async def one(index: int, env: Env) -> None:
+            trajectories[index] = await do_single_rollout(policy_for(index, 0), env)
+
+        async with trio.open_nursery() as nursery:
+            for index, env in enumerate(envs):
+                nursery.start_soon(one, index, env)
+        return GroupRollout(trajectories=[t for t in trajectories if t is not None], envs=list(envs))
+
+
+@dataclass(frozen=True)
+class RetryOnFailure:
+    """Retry each failed or timed-out rollout on one fresh env (``builder.make_env``).
+
+    Attributes:
+        max_retries: retries per env slot after the first attempt.
+        per_rollout_timeout: seconds one attempt may take (None: no limit).
+    """
+
+    max_retries: int = 2
+    per_rollout_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_retry_fields(self.max_retries, self.per_rollout_timeout)
+
+    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
+        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout)
+        if len(rollout.trajectories) < len(envs):
+            raise _group_failed(f"{len(envs) - len(rollout.trajectories)} env(s) failed after {self.max_retries} retries", rollout)
+        return rollout
+
+
+@dataclass(frozen=True)
+class MinViableGroup:
+    """Keep the group if at least ``min_successful`` rollouts succeed, after retries.
+
+    Attributes:
+        min_successful: the floor below which the group fails.
+        max_retries: retries per env slot after the first attempt.
+        per_rollout_timeout: seconds one attempt may take (None: no limit).
+    """
+
+    min_successful: int
+    max_retries: int = 1
+    per_rollout_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_retry_fields(self.max_retries, self.per_rollout_timeout)
+        if self.min_successful < 1:
+            raise ValueError(f"MinViableGroup.min_successful must be >= 1, got {self.min_successful}")
+
+    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
+        if len(envs) < self.min_successful:
+            raise ValueError(
+                f"MinViableGroup.min_successful={self.min_successful} exceeds the group size {len(envs)}"
+            )
+        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout)
+        if len(rollout.trajectories) < self.min_successful:
+            raise _group_failed(
+                f"only {len(rollout.trajectories)} of {len(envs)} rollouts succeeded; "
+                f"MinViableGroup needs {self.min_successful}",
+                rollout,
+            )
+        return rollout
+
+
+def _check_retry_fields(max_retries: int, timeout: float | None) -> None:
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"per_rollout_timeout must be > 0 seconds or None, got {timeout}")
+
+
+def _group_failed(message: str, rollout: GroupRollout) -> GroupFailedError:
+    error = GroupFailedError(message, rollout.errors)
+    if rollout.errors:
+        error.__cause__ = rollout.errors[-1].error
+    return error
+
+
+async def _run_with_retries(
+    builder: EnvGroupBuilder,
+    envs: Sequence[Env],
+    policy_for: PolicyFactory,
+    max_retries: int,
+    timeout: float | None,
+) -> GroupRollout:
+    results: list[tuple[Trajectory, Env] | None] = [None] * len(envs)
+    errors: list[RolloutError] = []
+
+    async def slot(index: int, env: Env) -> None:
+        for attempt in range(max_retries + 1):
+            if attempt > 0:
+                env = await builder.make_env(index)
+            captured: outcome.Value[Trajectory] | outcome.Error | None = None
+            with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+                captured = await outcome.acapture(do_single_rollout, policy_for(index, attempt), env)
+                if isinstance(captured, outcome.Error) and not isinstance(captured.error, Exception):
+                    # Cancellation and KeyboardInterrupt are not rollout failures:
+                    # re-raise them inside the scope so that our own timeout is
+                    # caught by it and anything else keeps propagating.
+                    captured.unwrap()
+            if scope.cancelled_caught:
+                errors.append(
+                    RolloutError(index, attempt, TimeoutError(f"rollout exceeded {timeout} s"), timed_out=True)
+                )
+            elif isinstance(captured, outcome.Error):
+                errors.append(RolloutError(index, attempt, captured.error))
+            elif captured is not None:
+                results[index] = (captured.value, env)
+                return
+
+    async with trio.open_nursery() as nursery:
+        for index, env in enumerate(envs):
+            nursery.start_soon(slot, index, env)
+    kept = [r for r in results if r is not None]
+    errors.sort(key=lambda e: (e.env_index, e.attempt))
+    return GroupRollout(trajectories=[t for t, _ in kept], envs=[e for _, e in kept], errors=errors)
+
+
+@asynccontextmanager
+async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
+    """Make a group's envs and always clean them up afterwards.
+
+    ``cleanup`` runs shielded from cancellation, so a cancelled or crashed run
+    still releases what the envs hold, but within :data:`CLEANUP_TIMEOUT_S` so
+    that a stuck cleanup cannot hang the run.
+    """
+    try:
+        yield await builder.make_envs()
+    finally:
+        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+            await builder.cleanup()
+
+
+async def rollout_group(
+    builder: EnvGroupBuilder,
+    envs: Sequence[Env],
+    policy_for: PolicyFactory,
+    strategy: ErrorStrategy,
+) -> TrajectoryGroup:
+    """Roll out already-made ``envs`` with ``strategy`` and compute group rewards."""
+    rollout = await strategy.run(builder, envs, policy_for)
+    rewards_and_metrics = await builder.compute_group_rewards(rollout.trajectories, rollout.envs)
+    if len(rewards_and_metrics) != len(rollout.trajectories):
+        raise ValueError(
+            f"{type(builder).__name__}.compute_group_rewards returned {len(rewards_and_metrics)} "
+            f"rewards for {len(rollout.trajectories)} trajectories"
+        )
+    return TrajectoryGroup(
+        trajectories_G=rollout.trajectories,
+        final_rewards_G=[reward for reward, _ in rewards_and_metrics],
+        metrics_G=[metrics for _, metrics in rewards_and_metrics],
+        rollout_errors=rollout.errors,
+    )
+
+
+async def do_group_rollout(
+    builder: EnvGroupBuilder, policy_for: PolicyFactory, strategy: ErrorStrategy | None = None
+) -> TrajectoryGroup:
+    """Make a group's envs, roll them all out, compute group rewards, clean up.
+
+    Args:
+        builder: the env group.
+        policy_for: ``(env_index, attempt) -> policy``.
+        strategy: what failures do (default :class:`FailFast`).
+
+    Returns:
+        The group's trajectories, final rewards, metrics and recorded errors.
+
+    Raises:
+        GroupFailedError: when a retrying strategy runs out of retries.
+        Exception: under ``FailFast``, the first rollout's exception (in an ExceptionGroup).
+    """
+    async with group_envs(builder) as envs:
+        return await rollout_group(builder, envs, policy_for, strategy or FailFast())

@@ -1,0 +1,415 @@
+"""Fakes for tests and benchmarks: a virtual-time backend and configurable fake envs.
+
+:class:`FakeBackend` runs natively in Trio with no threads, so it works under
+``trio.testing.MockClock`` (``autojump_clock`` in pytest-trio): every latency is a
+``trio.sleep``. It is deterministic from its seed and records every call with
+the weights version it saw, so tests can assert on order and staleness.
+
+The fake envs (:class:`FakeEnv`, :class:`FakeEnvGroupBuilder`, :class:`FakeDataset`)
+give rewards that depend on the sampled tokens, so groups have mixed rewards, and
+can be told to fail or hang at a chosen point.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+import trio
+from tinker import types as tinker_types
+
+from . import _tinker_compat as compat
+from .determinism import derive_seed
+from .types import Env, EnvGroupBuilder, Metrics, Observation, RLDataset, StepResult, StopCondition, Trajectory
+
+Latency = float | Callable[[Any], float]
+"""Seconds of virtual latency: a constant, or a function of the request."""
+
+
+def _latency(latency: Latency, request: Any) -> float:
+    return latency(request) if callable(latency) else latency
+
+
+@dataclass(frozen=True)
+class FakeCall:
+    """One call the fake backend received.
+
+    Attributes:
+        kind: ``sample``, ``forward_backward``, ``optim_step``, ``save_weights_for_sampler``,
+            ``save_state``, ``load_state`` or ``compute_logprobs``.
+        time: ``trio.current_time()`` when it was received.
+        version: the weights version it ran against.
+        detail: call-specific facts (datum count, seed, ...).
+    """
+
+    kind: str
+    time: float
+    version: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeTokenizer:
+    """Characters as token ids (their code points, modulo nothing)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return "".join(chr(t) for t in tokens)
+
+
+class _FakePending:
+    def __init__(self, ready_at: float, value: Any, error: BaseException | None) -> None:
+        self._ready_at = ready_at
+        self._value = value
+        self._error = error
+
+    async def result(self) -> Any:
+        await trio.sleep_until(self._ready_at)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class FakeSamplingClient:
+    """Samples deterministic pseudo-random tokens; pinned to one weights version."""
+
+    def __init__(self, backend: FakeBackend, version: int, model_path: str | None) -> None:
+        self._backend = backend
+        self.version = version
+        self._model_path = model_path
+
+    @property
+    def model_path(self) -> str | None:
+        return self._model_path
+
+    async def sample(
+        self, prompt: tinker_types.ModelInput, num_samples: int, sampling_params: tinker_types.SamplingParams
+    ) -> tinker_types.SampleResponse:
+        backend = self._backend
+        backend._record("sample", self.version, seed=sampling_params.seed, prompt_len=prompt.length)
+        await trio.sleep(_latency(backend.sample_latency, (prompt, num_samples, sampling_params)))
+        if backend.fail_sample is not None:
+            raise backend.fail_sample
+        base = sampling_params.seed if sampling_params.seed is not None else 0
+        sequences = []
+        for i in range(num_samples):
+            rng = random.Random(derive_seed(backend.seed, base, i, self.version, *prompt.to_ints()))
+            max_tokens = sampling_params.max_tokens or 16
+            n = rng.randint(1, max_tokens)
+            tokens = [rng.randrange(backend.vocab_size) for _ in range(n)]
+            logprobs = [-rng.random() * 3 for _ in range(n)]
+            sequences.append(compat.sampled_sequence(tokens, logprobs, "stop" if n < max_tokens else "length"))
+        return compat.sample_response(sequences)
+
+    async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
+        backend = self._backend
+        backend._record("compute_logprobs", self.version, prompt_len=prompt.length)
+        await trio.sleep(_latency(backend.sample_latency, prompt))
+        rng = random.Random(derive_seed(backend.seed, self.version, *prompt.to_ints()))
+        return [None] + [-rng.random() * 3 for _ in range(prompt.length - 1)]
+
+
+class FakeTrainingClient:
+    """Processes requests in submission order, each after its virtual latency.
+
+    The weights are just a version number: each ``optim_step`` adds one.
+    """
+
+    def __init__(self, backend: FakeBackend, version: int = 0) -> None:
+        self._backend = backend
+        self.version = version
+        self._busy_until = -math.inf
+
+    def _schedule(self, latency: float) -> float:
+        # One request at a time, in submission order, as on the Tinker service.
+        self._busy_until = max(self._busy_until, trio.current_time()) + latency
+        return self._busy_until
+
+    async def forward_backward(
+        self,
+        data: Sequence[tinker_types.Datum],
+        loss_fn: tinker_types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+    ) -> _FakePending:
+        backend = self._backend
+        tokens = sum(d.model_input.length for d in data)
+        backend._record("forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn)
+        await trio.lowlevel.checkpoint()
+        outputs = [
+            {"logprobs": compat.tensor([-0.5] * d.model_input.length, "float32")} for d in data
+        ]
+        value = compat.forward_backward_output(outputs, {"loss:sum": float(tokens) * 0.5})
+        ready = self._schedule(_latency(backend.train_latency, data))
+        return _FakePending(ready, value, backend.fail_train)
+
+    async def optim_step(self, adam_params: tinker_types.AdamParams) -> _FakePending:
+        backend = self._backend
+        backend._record("optim_step", self.version, learning_rate=adam_params.learning_rate)
+        await trio.lowlevel.checkpoint()
+        self.version += 1
+        ready = self._schedule(_latency(backend.optim_latency, adam_params))
+        return _FakePending(ready, tinker_types.OptimStepResponse(metrics={"lr": adam_params.learning_rate}), None)
+
+    async def save_weights_for_sampler(self, name: str) -> FakeSamplingClient:
+        backend = self._backend
+        backend._record("save_weights_for_sampler", self.version, name=name)
+        await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))
+        return FakeSamplingClient(backend, self.version, f"fake://sampler/{name}")
+
+    async def save_state(self, name: str) -> str:
+        backend = self._backend
+        backend._record("save_state", self.version, name=name)
+        await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))
+        path = f"fake://state/{name}"
+        backend.states[path] = self.version
+        return path
+
+    async def load_state(self, path: str, *, with_optimizer: bool = True) -> None:
+        backend = self._backend
+        if path not in backend.states:
+            raise FileNotFoundError(f"no fake state saved at {path!r}")
+        backend._record("load_state", self.version, path=path, with_optimizer=with_optimizer)
+        await trio.lowlevel.checkpoint()
+        self.version = backend.states[path]
+
+    async def get_tokenizer(self) -> FakeTokenizer:
+        return FakeTokenizer()
+
+
+class FakeBackend:
+    """A Trio-native backend with virtual latencies, for tests and benchmarks.
+
+    Args:
+        seed: makes every sampled token reproducible.
+        sample_latency, train_latency, optim_latency, save_latency: seconds per
+            call, or a function of the request returning seconds.
+        vocab_size: sampled token ids lie in ``range(vocab_size)``.
+
+    Attributes:
+        calls: every call received, in order.
+        fail_sample, fail_train: set to an exception to make those calls fail.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        sample_latency: Latency = 0.0,
+        train_latency: Latency = 0.0,
+        optim_latency: Latency = 0.0,
+        save_latency: Latency = 0.0,
+        vocab_size: int = 32,
+        record_calls: bool = True,
+    ) -> None:
+        self.seed = seed
+        self.sample_latency = sample_latency
+        self.train_latency = train_latency
+        self.optim_latency = optim_latency
+        self.save_latency = save_latency
+        self.vocab_size = vocab_size
+        self.record_calls = record_calls
+        self.calls: list[FakeCall] = []
+        self.states: dict[str, int] = {}
+        self.fail_sample: BaseException | None = None
+        self.fail_train: BaseException | None = None
+
+    def _record(self, kind: str, version: int, **detail: Any) -> None:
+        if self.record_calls:
+            self.calls.append(FakeCall(kind, trio.current_time(), version, detail))
+
+    def calls_of(self, kind: str) -> list[FakeCall]:
+        """The recorded calls of one kind, in order."""
+        return [c for c in self.calls if c.kind == kind]
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def create_training_client(
+        self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
+    ) -> FakeTrainingClient:
+        await trio.lowlevel.checkpoint()
+        return FakeTrainingClient(self)
+
+    async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> FakeTrainingClient:
+        client = FakeTrainingClient(self)
+        await client.load_state(path, with_optimizer=with_optimizer)
+        return client
+
+
+# ---------------------------------------------------------------- fake envs
+
+
+FailPoint = str
+"""Where a fake env fails: ``make_envs``, ``step``, ``compute_group_rewards`` or ``never``."""
+
+
+@dataclass
+class FakeEnvSpec:
+    """How the fake envs of a dataset behave.
+
+    Attributes:
+        group_size: envs per group.
+        turns: steps per episode; observations extend the previous turn's
+            sequence, so multi-turn data merges into one Datum.
+        step_latency: virtual seconds each ``env.step`` takes.
+        fail_at: ``(batch, group)`` -> where that group fails.
+        fail_attempts: how many rollout attempts of a failing group fail before
+            one succeeds (``None``: all of them).
+        hang_at: ``(batch, group)`` whose ``step`` never returns on the first attempt.
+        error: the exception a failing fake env raises.
+    """
+
+    group_size: int = 4
+    turns: int = 1
+    step_latency: float = 0.0
+    fail_at: dict[tuple[int, int], FailPoint] = field(default_factory=dict)
+    fail_attempts: int | None = None
+    hang_at: set[tuple[int, int]] = field(default_factory=set)
+    error: type[Exception] = RuntimeError
+
+
+class FakeEnv(Env):
+    """Rewards the fraction of even tokens in each action; ``turns`` steps long."""
+
+    def __init__(self, key: tuple[int, int], index: int, spec: FakeEnvSpec, attempt: int, log: list[str]) -> None:
+        self.key = key
+        self.index = index
+        self.spec = spec
+        self.attempt = attempt
+        self.turn = 0
+        self.tokens = [1 + key[0] % 7, 2 + key[1] % 5, 3 + index]
+        self.log = log
+
+    async def initial_observation(self) -> tuple[Observation, StopCondition]:
+        return tinker_types.ModelInput.from_ints(list(self.tokens)), [0]
+
+    async def step(self, action: list[int]) -> StepResult:
+        spec = self.spec
+        failing = spec.fail_attempts is None or self.attempt < spec.fail_attempts
+        if spec.fail_at.get(self.key) == "step" and failing and self.index == 0:
+            raise spec.error(f"fake env {self.key} failed in step")
+        if self.key in spec.hang_at and self.attempt == 0 and self.index == 0:
+            self.log.append(f"hang {self.key}")
+            await trio.sleep_forever()
+        if spec.step_latency:
+            await trio.sleep(spec.step_latency)
+        self.turn += 1
+        self.tokens = self.tokens + list(action) + [5]
+        reward = sum(1 for t in action if t % 2 == 0) / max(1, len(action))
+        done = self.turn >= spec.turns
+        return StepResult(
+            reward=reward / spec.turns,
+            episode_done=done,
+            next_observation=tinker_types.ModelInput.from_ints(list(self.tokens)),
+            next_stop_condition=[0],
+            metrics={"even_frac": reward},
+        )
+
+
+class FakeEnvGroupBuilder(EnvGroupBuilder):
+    """A group of :class:`FakeEnv`; logs what happens to it in ``log``."""
+
+    def __init__(self, key: tuple[int, int], spec: FakeEnvSpec, log: list[str], tags: Sequence[str] = ()) -> None:
+        self.key = key
+        self.spec = spec
+        self.log = log
+        self.tags = list(tags)
+        self.attempts = 0
+        self.retries = 0
+
+    async def make_envs(self) -> Sequence[Env]:
+        attempt = self.attempts
+        self.attempts += 1
+        failing = self.spec.fail_attempts is None or attempt < self.spec.fail_attempts
+        if self.spec.fail_at.get(self.key) == "make_envs" and failing:
+            raise self.spec.error(f"fake group {self.key} failed in make_envs")
+        self.log.append(f"make_envs {self.key}")
+        return [FakeEnv(self.key, i, self.spec, attempt, self.log) for i in range(self.spec.group_size)]
+
+    async def make_env(self, index: int) -> Env:
+        self.retries += 1
+        self.log.append(f"make_env {self.key} {index}")
+        return FakeEnv(self.key, index, self.spec, self.attempts + self.retries, self.log)
+
+    async def compute_group_rewards(
+        self, trajectory_group: list[Trajectory], env_group: Sequence[Env]
+    ) -> list[tuple[float, Metrics]]:
+        if self.spec.fail_at.get(self.key) == "compute_group_rewards":
+            raise self.spec.error(f"fake group {self.key} failed in compute_group_rewards")
+        return [(0.0, {"group_size": len(trajectory_group)}) for _ in trajectory_group]
+
+    def logging_tags(self) -> list[str]:
+        return self.tags
+
+    async def cleanup(self) -> None:
+        self.log.append(f"cleanup {self.key}")
+
+
+class FakeDataset(RLDataset):
+    """``num_batches`` batches of ``batch_size`` fake groups; the last may be smaller.
+
+    Attributes:
+        log: what the fake envs did (``make_envs``, ``cleanup``, ``hang``).
+    """
+
+    def __init__(
+        self,
+        num_batches: int,
+        batch_size: int,
+        spec: FakeEnvSpec | None = None,
+        *,
+        last_batch_size: int | None = None,
+        tags: Callable[[int, int], Sequence[str]] = lambda b, g: ("even" if g % 2 == 0 else "odd",),
+    ) -> None:
+        self.num_batches = num_batches
+        self.batch_size = batch_size
+        self.last_batch_size = batch_size if last_batch_size is None else last_batch_size
+        self.spec = spec or FakeEnvSpec()
+        self.tags = tags
+        self.log: list[str] = []
+        self._builders: dict[tuple[int, int], FakeEnvGroupBuilder] = {}
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"batch {index} out of range for {self.num_batches} batches")
+        size = self.last_batch_size if index == self.num_batches - 1 else self.batch_size
+        # The same builder object each time, so tests can inspect its attempts.
+        return [
+            self._builders.setdefault((index, g), FakeEnvGroupBuilder((index, g), self.spec, self.log, self.tags(index, g)))
+            for g in range(size)
+        ]
+
+    @property
+    def total_groups(self) -> int:
+        """Groups in the whole dataset."""
+        return max(0, self.num_batches - 1) * self.batch_size + (self.last_batch_size if self.num_batches else 0)
+
+
+class FakeEvaluator:
+    """Records which weights versions it evaluated; optionally slow or failing."""
+
+    def __init__(self, latency: float = 0.0, fail_on_call: int | None = None) -> None:
+        self.latency = latency
+        self.fail_on_call = fail_on_call
+        self.versions: list[int] = []
+
+    async def __call__(self, sampling_client: Any) -> dict[str, float]:
+        if self.fail_on_call is not None and len(self.versions) == self.fail_on_call:
+            raise RuntimeError("fake evaluator failed")
+        await trio.sleep(self.latency)
+        version = getattr(sampling_client, "version", -1)
+        self.versions.append(version)
+        return {"test/version": float(version)}

@@ -1,0 +1,251 @@
+"""Entry points: :func:`train` for Trio programs and :func:`run` for plain scripts."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .backends.protocol import Backend, SamplingClient
+from .checkpoint import Checkpoint, CheckpointLog
+from .config import Config
+from .errors import ConfigError
+from .evaluation import SamplingClientEvaluator
+from .metrics import MetricsLog
+from .pipeline import (
+    EVAL_QUEUE_SIZE,
+    DataLedger,
+    FinishedGroup,
+    ItemKey,
+    RunContext,
+    Trainer,
+    WorkItem,
+    dataloader,
+    default_num_workers,
+    evaluator_stage,
+    rollout_worker,
+)
+from .types import EnvGroupBuilder, RLDataset
+from .weights import LatestWeights
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunHandle:
+    """What :func:`train` hands to ``nursery.start`` once the first sampling client exists.
+
+    Attributes:
+        metrics: every per-step record as it is written to ``metrics.jsonl``; the
+            channel ends when the run ends. Records nobody reads accumulate (one
+            small dict per step).
+        log_path: the run's folder.
+    """
+
+    metrics: trio.MemoryReceiveChannel[dict[str, Any]]
+    log_path: Path
+    _weights: LatestWeights
+
+    @property
+    def step(self) -> int:
+        """Training steps completed so far (the newest weights version)."""
+        return self._weights.version
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run returns.
+
+    Attributes:
+        metrics: the records of ``metrics.jsonl``, in step order: one per training
+            step, then one for the final weights (``run/...`` accounting of every
+            group, and the final evaluation if there are evaluators).
+        final_step: training steps completed (the version of the final weights).
+        stopped_by_max_steps: whether ``max_steps`` ended the run rather than the data.
+        checkpoint: the final checkpoint.
+        trained_groups: groups that went into a training step.
+        dropped_groups: groups dropped as too stale after the data ran out.
+        cancelled_groups: groups handed out but never trained (rollouts cancelled at ``max_steps``).
+    """
+
+    metrics: list[dict[str, Any]]
+    final_step: int
+    stopped_by_max_steps: bool
+    checkpoint: Checkpoint | None
+    trained_groups: int
+    dropped_groups: int
+    cancelled_groups: int
+
+    @property
+    def step_metrics(self) -> list[dict[str, Any]]:
+        """The records of training steps only (without the final-weights record)."""
+        return [m for m in self.metrics if "progress/groups" in m]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The final-weights record: where every group went."""
+        return next(m for m in reversed(self.metrics) if "run/final_step" in m)
+
+
+def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
+    first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
+    config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
+    if config.mode == "sync" and len(dataset) > 0 and not first_batch:
+        raise ConfigError("dataset", "batch 0 is empty; every batch needs at least one group")
+    if config.error_strategy.max_retries > 0 and first_batch:
+        builder_type = type(first_batch[0])
+        if builder_type.make_env is EnvGroupBuilder.make_env:
+            raise ConfigError(
+                "error_strategy",
+                f"{type(config.error_strategy).__name__} retries one env at a time, but "
+                f"{builder_type.__name__} does not implement make_env(index); implement it or use FailFast()",
+            )
+    return first_batch
+
+
+async def train(
+    config: Config,
+    *,
+    dataset: RLDataset,
+    backend: Backend,
+    evaluators: Sequence[SamplingClientEvaluator] = (),
+    task_status: trio.TaskStatus[RunHandle] = trio.TASK_STATUS_IGNORED,
+) -> TrainResult:
+    """Train a policy on ``dataset`` with ``backend``.
+
+    All stages run in one nursery that lives exactly as long as this call.
+    Use it directly (``await train(...)``) or with ``await nursery.start(train, ...)``,
+    which returns a :class:`RunHandle` once the first sampling client exists.
+    Cancelling the enclosing scope stops the run promptly.
+
+    Args:
+        config: the run's configuration; checked before any work starts.
+        dataset: batches of env group builders.
+        backend: an entered backend (``async with backend:``).
+        evaluators: run concurrently on the weights of every ``eval_every``-th step
+            and on the final weights.
+        task_status: for ``nursery.start``.
+
+    Returns:
+        The per-step metrics, the final step and the final checkpoint.
+
+    Raises:
+        ConfigError: an invalid configuration, raised as itself before any work.
+        ExceptionGroup: once work has started, any failure (an env, an evaluator,
+            the backend, the trainer) cancels every stage and is raised in an
+            ``ExceptionGroup`` whose leaves are the original exceptions; catch them
+            with ``except*``. The run never hangs on a failure.
+    """
+    first_batch = _check_before_work(config, dataset)
+    log_path = Path(config.log_path)
+    log_path.mkdir(parents=True, exist_ok=True)
+    checkpoints = CheckpointLog(log_path)
+    metrics_log: MetricsLog | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            # Setting up inside the nursery makes its failures arrive like any other.
+            resume_from = checkpoints.last() if config.resume else None
+            if resume_from is not None:
+                training_client = await backend.create_training_client_from_state(
+                    resume_from.state_path, with_optimizer=True
+                )
+                start_step = resume_from.step
+                ledger = DataLedger(ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
+            else:
+                if config.load_checkpoint_path is not None:
+                    training_client = await backend.create_training_client_from_state(
+                        config.load_checkpoint_path, with_optimizer=False
+                    )
+                else:
+                    training_client = await backend.create_training_client(
+                        base_model=config.base_model, lora_rank=config.lora_rank, seed=config.seed
+                    )
+                start_step = 0
+                ledger = DataLedger(ItemKey(0, 0), [])
+            (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
+            weights = LatestWeights()
+            weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
+            metrics_log = MetricsLog(log_path / METRICS_FILE, first_step=start_step)
+            if config.async_config is not None:
+                groups_per_step = config.async_config.groups_per_batch
+            elif config.stream_minibatch_config is not None:
+                groups_per_step = config.stream_minibatch_config.groups_per_batch
+            else:
+                groups_per_step = len(first_batch)
+            ctx = RunContext(
+                config=config,
+                dataset=dataset,
+                training_client=training_client,
+                weights=weights,
+                metrics=metrics_log,
+                checkpoints=checkpoints,
+                ledger=ledger,
+                start_step=start_step,
+                evaluators=evaluators,
+                groups_per_step=max(1, groups_per_step),
+            )
+            task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
+            outcome = await _run_stages(ctx, nursery)
+    finally:
+        if metrics_log is not None:
+            metrics_log.close()
+    stats = ctx.stats
+    return TrainResult(
+        metrics=list(metrics_log.records),
+        final_step=outcome.final_step,
+        stopped_by_max_steps=outcome.stopped_by_max_steps,
+        checkpoint=checkpoints.last(),
+        trained_groups=stats.trained_groups,
+        dropped_groups=stats.dropped_stale,
+        cancelled_groups=len(ctx.ledger.outstanding),
+    )
+
+
+async def _run_stages(ctx: RunContext, nursery: trio.Nursery) -> Any:
+    config = ctx.config
+    evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
+    items_send, items_recv = trio.open_memory_channel[WorkItem](0)
+    groups_send, groups_recv = trio.open_memory_channel[FinishedGroup](math.inf)
+    requeue = config.async_config is not None and config.async_config.staleness == "requeue"
+    # The back edge of a cycle must never block: the trainer sends, the
+    # dataloader drains without waiting.
+    requeue_send, requeue_recv = (
+        trio.open_memory_channel[WorkItem](math.inf) if requeue else (None, None)
+    )
+    nursery.start_soon(evaluator_stage, ctx, evals_recv)
+    rollouts = trio.CancelScope()
+
+    async def rollout_stage() -> None:
+        with rollouts:
+            async with trio.open_nursery() as stage:
+                stage.start_soon(dataloader, ctx, items_send, requeue_recv)
+                with items_recv, groups_send:
+                    for _ in range(default_num_workers(config, ctx.groups_per_step)):
+                        stage.start_soon(rollout_worker, ctx, items_recv.clone(), groups_send.clone())
+
+    nursery.start_soon(rollout_stage)
+    with evals_send, groups_recv, requeue_send if requeue_send is not None else nullcontext():
+        trainer = Trainer(ctx, groups_recv, evals_send, requeue_send)
+        return await trainer.run(stop_rollouts=rollouts.cancel)
+
+
+def run(
+    config: Config,
+    *,
+    dataset: RLDataset,
+    backend: Backend,
+    evaluators: Sequence[SamplingClientEvaluator] = (),
+) -> TrainResult:
+    """Synchronous wrapper: enter ``backend`` and :func:`train` under ``trio.run``."""
+
+    async def main() -> TrainResult:
+        async with backend:
+            return await train(config, dataset=dataset, backend=backend, evaluators=evaluators)
+
+    return trio.run(main)

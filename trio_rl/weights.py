@@ -1,0 +1,46 @@
+"""The newest sampling client, shared by the trainer (writer) and the rollouts (readers)."""
+
+from __future__ import annotations
+
+import trio
+
+from .backends.protocol import SamplingClient
+
+
+class LatestWeights:
+    """Holds the newest published sampling client and its weights version.
+
+    Version ``v`` means "the weights after ``v`` training steps". Readers wait for
+    a version with a fresh :class:`trio.Event` per publication: publishing sets
+    the current event and swaps in a new one, so no waiter can miss a version
+    and no event is ever reused.
+    """
+
+    def __init__(self) -> None:
+        self._version = -1
+        self._client: SamplingClient | None = None
+        self._published = trio.Event()
+
+    @property
+    def version(self) -> int:
+        """The newest published version (-1 before the first)."""
+        return self._version
+
+    def publish(self, version: int, client: SamplingClient) -> None:
+        """Make ``client`` the newest; ``version`` must exceed every earlier one."""
+        if version <= self._version:
+            raise ValueError(f"version {version} published after version {self._version}")
+        self._version, self._client = version, client
+        published, self._published = self._published, trio.Event()
+        published.set()
+
+    def latest(self) -> tuple[int, SamplingClient]:
+        """The newest version and its client."""
+        if self._client is None:
+            raise RuntimeError("no weights have been published yet")
+        return self._version, self._client
+
+    async def wait_for(self, version: int) -> None:
+        """Return once a version at least ``version`` has been published."""
+        while self._version < version:
+            await self._published.wait()
