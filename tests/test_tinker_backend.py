@@ -44,9 +44,9 @@ def datum(n: int = 3) -> tinker_types.Datum:
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(list(range(n))),
         loss_fn_inputs={
-            "target_tokens": np.arange(1, n + 1),
-            "logprobs": np.full(n, -1.0, dtype=np.float32),
-            "advantages": np.ones(n, dtype=np.float32),
+            "target_tokens": tinker_types.TensorData.from_numpy(np.arange(1, n + 1)),
+            "logprobs": tinker_types.TensorData.from_numpy(np.full(n, -1.0, dtype=np.float32)),
+            "advantages": tinker_types.TensorData.from_numpy(np.ones(n, dtype=np.float32)),
         },
     )
 
@@ -95,6 +95,11 @@ async def test_training_round_trip(service: StandinServiceClient) -> None:
             assert sampler.sdk_client.weights_step == 1
             response = await sampler.sample(prompt(), 3, PARAMS)
             assert [len(s.tokens) for s in response.sequences] == [4, 4, 4]
+            again = await sampler.sample(prompt(), 3, PARAMS)  # same seed, same samples
+            assert [s.tokens for s in again.sequences] == [s.tokens for s in response.sequences]
+            unseeded = tinker_types.SamplingParams(max_tokens=16)
+            a, b = [(await sampler.sample(prompt(), 1, unseeded)).sequences[0].tokens for _ in "ab"]
+            assert a != b
             assert await sampler.compute_logprobs(prompt(1, 2, 3)) == [None, -1.0, -1.0]
 
             # Later steps don't change what an existing sampler samples from.

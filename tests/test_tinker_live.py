@@ -38,8 +38,12 @@ async def test_one_step_sample_and_save_on_the_service() -> None:
             datum = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints(tokens[:-1]),
                 loss_fn_inputs={
-                    "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
-                    "weights": np.ones(len(tokens) - 1, dtype=np.float32),
+                    "target_tokens": tinker_types.TensorData.from_numpy(
+                        np.asarray(tokens[1:], dtype=np.int64)
+                    ),
+                    "weights": tinker_types.TensorData.from_numpy(
+                        np.ones(len(tokens) - 1, dtype=np.float32)
+                    ),
                 },
             )
             fb = await client.forward_backward([datum], "cross_entropy")

@@ -577,15 +577,21 @@ class StandinSamplingClient:
             max_tokens = sampling_params.max_tokens or config.default_max_tokens
             sequences = []
             for index in range(num_samples):
-                rng = random.Random(
-                    f"{self.weights_step}:{prompt_tokens}:{sampling_params.seed}:{index}"
-                )
+                rng = self._rng(prompt_tokens, sampling_params.seed, index)
                 tokens = [rng.randrange(config.vocab_size) for _ in range(max_tokens)]
                 logprobs = [-2.0 * rng.random() for _ in tokens]
                 sequences.append(_tinker_compat.sampled_sequence(tokens, logprobs, "length"))
             return _tinker_compat.sample_response(sequences)
 
         return self._future(self.service._run("sample", work()))
+
+    def _rng(self, prompt_tokens: list[int], seed: int | None, index: int) -> random.Random:
+        # With a seed, the same weights, prompt and seed give the same samples; without
+        # one, every sample differs, as on a real sampler.
+        if seed is None:
+            with self.service._lock:
+                return random.Random(self.service._rng.random())
+        return random.Random(f"{self.weights_step}:{prompt_tokens}:{seed}:{index}")
 
     def compute_logprobs(self, prompt: tinker_types.ModelInput) -> Any:
         n = prompt.length

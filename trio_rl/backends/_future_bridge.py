@@ -38,7 +38,6 @@ from typing import Protocol, TypeAlias, TypeVar
 import trio
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
 
 
 class RemoteTimeoutError(TimeoutError):
@@ -56,10 +55,10 @@ class RemoteTimeoutError(TimeoutError):
         self.timeout = timeout
 
 
-class SupportsFuture(Protocol[T_co]):
+class SupportsFuture(Protocol[T]):
     """Anything with a ``future()`` method, like the SDK's ``APIFuture``."""
 
-    def future(self) -> concurrent.futures.Future[T_co]: ...  # pragma: no cover
+    def future(self) -> concurrent.futures.Future[T]: ...  # pragma: no cover
 
 
 #: What :func:`await_future` accepts: a standard future, or an ``APIFuture``-like object.

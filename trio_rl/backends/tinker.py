@@ -47,6 +47,7 @@ from .protocol import Tokenizer
 __all__ = [
     "MissingApiKeyError",
     "RemoteTimeoutError",
+    "SDKServiceClient",
     "TinkerBackend",
     "TinkerPendingResult",
     "TinkerSamplingClient",
@@ -427,7 +428,8 @@ class TinkerBackend:
         """
         if self._service is None:
             _check_credentials(self._api_key)
-            kwargs: dict[str, str] = {}
+            # Only what was given: the SDK's own defaults (its env vars) apply otherwise.
+            kwargs: dict[str, Any] = {}
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
             if self._api_key is not None:
