@@ -267,6 +267,7 @@ class FakeEnvSpec:
             one succeeds (``None``: all of them).
         hang_at: ``(batch, group)`` whose ``step`` never returns on the first attempt.
         error: the exception a failing fake env raises.
+        failure_times: when each injected failure was raised (``trio.current_time()``).
     """
 
     group_size: int = 4
@@ -276,6 +277,12 @@ class FakeEnvSpec:
     fail_attempts: int | None = None
     hang_at: set[tuple[int, int]] = field(default_factory=set)
     error: type[Exception] = RuntimeError
+    failure_times: list[float] = field(default_factory=list)
+
+    def fail(self, message: str) -> Exception:
+        """Record the failure time and return the exception to raise."""
+        self.failure_times.append(trio.current_time())
+        return self.error(message)
 
 
 class FakeEnv(Env):
@@ -297,7 +304,7 @@ class FakeEnv(Env):
         spec = self.spec
         failing = spec.fail_attempts is None or self.attempt < spec.fail_attempts
         if spec.fail_at.get(self.key) == "step" and failing and self.index == 0:
-            raise spec.error(f"fake env {self.key} failed in step")
+            raise spec.fail(f"fake env {self.key} failed in step")
         if self.key in spec.hang_at and self.attempt == 0 and self.index == 0:
             self.log.append(f"hang {self.key}")
             await trio.sleep_forever()
@@ -332,7 +339,7 @@ class FakeEnvGroupBuilder(EnvGroupBuilder):
         self.attempts += 1
         failing = self.spec.fail_attempts is None or attempt < self.spec.fail_attempts
         if self.spec.fail_at.get(self.key) == "make_envs" and failing:
-            raise self.spec.error(f"fake group {self.key} failed in make_envs")
+            raise self.spec.fail(f"fake group {self.key} failed in make_envs")
         self.log.append(f"make_envs {self.key}")
         return [FakeEnv(self.key, i, self.spec, attempt, self.log) for i in range(self.spec.group_size)]
 
@@ -345,7 +352,7 @@ class FakeEnvGroupBuilder(EnvGroupBuilder):
         self, trajectory_group: list[Trajectory], env_group: Sequence[Env]
     ) -> list[tuple[float, Metrics]]:
         if self.spec.fail_at.get(self.key) == "compute_group_rewards":
-            raise self.spec.error(f"fake group {self.key} failed in compute_group_rewards")
+            raise self.spec.fail(f"fake group {self.key} failed in compute_group_rewards")
         return [(0.0, {"group_size": len(trajectory_group)}) for _ in trajectory_group]
 
     def logging_tags(self) -> list[str]:
