@@ -20,6 +20,7 @@ from tinker import types as tinker_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from trio_rl import _tinker_compat  # noqa: E402
 from trio_rl.backends.local import LocalBackend, ModelConfig  # noqa: E402
 from trio_rl.backends.local.sampler import LocalSamplingClient  # noqa: E402
 
@@ -79,9 +80,9 @@ async def _train_step_seconds(backend: LocalBackend) -> float:
             tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
                 loss_fn_inputs={
-                    "target_tokens": seq[1:],
-                    "logprobs": [-4.0] * n,
-                    "advantages": [rng.uniform(-1, 1)] * n,
+                    "target_tokens": _tinker_compat.tensor(seq[1:], "int64"),
+                    "logprobs": _tinker_compat.tensor([-4.0] * n, "float32"),
+                    "advantages": _tinker_compat.tensor([rng.uniform(-1, 1)] * n, "float32"),
                 },
             )
         )

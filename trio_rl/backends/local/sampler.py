@@ -172,7 +172,8 @@ class SamplingEngine:
         if stop is None:
             stop_ids.add(self._tokenizer.eos_token_id)
         else:
-            for item in [stop] if isinstance(stop, str) else list(stop):
+            items: list[str | int] = [stop] if isinstance(stop, str) else list(stop)
+            for item in items:
                 seq = tuple(self._tokenizer.encode(item)) if isinstance(item, str) else (int(item),)
                 if len(seq) == 1:
                     stop_ids.add(seq[0])
@@ -336,7 +337,8 @@ class SamplingEngine:
         )
         self._lengths = self._lengths + 1
         assert logits.shape[0] == rows
-        return logits[:, 0]
+        out: Tensor = logits[:, 0]
+        return out
 
     def _prefill(self, admit: list[_Request]) -> Tensor:
         lengths = torch.tensor([len(r.prompt) for r in admit])
@@ -345,6 +347,7 @@ class SamplingEngine:
         for i, request in enumerate(admit):
             tokens[i, : len(request.prompt)] = torch.tensor(request.prompt)
         positions = torch.arange(width).expand(len(admit), width)
+        logits: Tensor
         logits, kv = self._model(tokens, positions, causal_mask(lengths, width))
         # Every sample of a request starts from the same prompt: prefill once, copy rows.
         repeats = torch.tensor([r.num_samples for r in admit])

@@ -110,7 +110,7 @@ def forward_backward_batch(
         fn = LOSS_FUNCTIONS[loss_fn]
         per_datum = [fn(logprobs[i, : len(seq)], inputs[i], loss_fn_config) for i, seq in enumerate(seqs)]
         total = torch.stack([loss.sum() for loss in per_datum]).sum()
-        total.backward()
+        total.backward()  # type: ignore[no-untyped-call]
     outputs = [
         {
             "logprobs": _tinker_compat.tensor(logprobs[i, : len(seq)].detach().numpy(), "float32"),
