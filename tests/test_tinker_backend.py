@@ -158,6 +158,18 @@ async def test_submits_in_call_order_before_any_wait(service: StandinServiceClie
     assert done == expected + [("save_state", 10)]
 
 
+async def test_a_cancelled_caller_submits_nothing(service: StandinServiceClient) -> None:
+    with trio.fail_after(5):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await new_client(backend)
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await client.forward_backward([datum()], "importance_sampling")
+            assert scope.cancelled_caught
+            await (await client.optim_step(ADAM)).result()
+    assert [e[2] for e in service.events if e[0] == "submit"] == ["optim_step"]
+
+
 async def test_concurrent_callers_keep_their_call_order(service: StandinServiceClient) -> None:
     with trio.fail_after(5):
         async with TinkerBackend(service_client=service) as backend:

@@ -216,6 +216,7 @@ class TinkerSamplingClient:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.sample``.
             Exception: the SDK's own errors, unchanged.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.sample(prompt, num_samples, sampling_params)
         response: tinker_types.SampleResponse = await await_future(
             future, what="sample", timeout=self._timeouts.sample
@@ -229,6 +230,7 @@ class TinkerSamplingClient:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.sample``.
             Exception: the SDK's own errors, unchanged.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.compute_logprobs(prompt)
         logprobs: list[float | None] = await await_future(
             future, what="compute_logprobs", timeout=self._timeouts.sample
@@ -275,6 +277,9 @@ class TinkerTrainingClient:
         Raises:
             Exception: the SDK's own validation errors (e.g. an empty batch), unchanged.
         """
+        # A caller that is already cancelled submits nothing. Otherwise nothing yields
+        # between this call and the submit, so submits keep the callers' order.
+        await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.forward_backward(list(data), loss_fn, loss_fn_config)
         return await self._submitted(future, "forward_backward", self._timeouts.forward_backward)
 
@@ -286,6 +291,7 @@ class TinkerTrainingClient:
         Returns:
             The pending result, with the ``TinkerTimeouts.optim_step`` deadline.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         # Positional: 0.24.1 names the parameter ``adam_params``, 0.38 ``optim_params``.
         future = self._client.optim_step(adam_params)
         return await self._submitted(future, "optim_step", self._timeouts.optim_step)
@@ -305,6 +311,7 @@ class TinkerTrainingClient:
         """
         # Not save_weights_and_get_sampling_client: its weights are ephemeral and have
         # no path, and the protocol promises a ``model_path``.
+        await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.save_weights_for_sampler(name)
         saved = await await_future(
             future, what="save_weights_for_sampler", timeout=self._timeouts.checkpoint
@@ -326,6 +333,7 @@ class TinkerTrainingClient:
         Raises:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.save_state(name)
         saved = await await_future(future, what="save_state", timeout=self._timeouts.checkpoint)
         path: str = saved.path
@@ -340,6 +348,7 @@ class TinkerTrainingClient:
         Raises:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         if with_optimizer:
             future = self._client.load_state_with_optimizer(path)
         else:
