@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -170,9 +171,9 @@ async def test_outer_cancellation_is_not_reported_as_a_timeout() -> None:
 
 
 def test_deadline_message_for_a_round_number() -> None:
-    assert str(RemoteTimeoutError("forward_backward", 120)) == (
-        "forward_backward did not complete within 120.0 s"
-    )
+    error = RemoteTimeoutError("forward_backward", 120)
+    assert str(error) == "forward_backward did not complete within 120.0 s"
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
 
 
 async def test_remote_deadline_rejects_negative_timeouts() -> None:

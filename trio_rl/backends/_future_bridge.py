@@ -54,6 +54,10 @@ class RemoteTimeoutError(TimeoutError):
         self.what = what
         self.timeout = timeout
 
+    def __reduce__(self) -> tuple[type[RemoteTimeoutError], tuple[str, float]]:
+        # Rebuild from (what, timeout), not from the message, e.g. across processes.
+        return (type(self), (self.what, self.timeout))
+
 
 class SupportsFuture(Protocol[T]):
     """Anything with a ``future()`` method, like the SDK's ``APIFuture``."""
