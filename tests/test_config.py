@@ -1,0 +1,63 @@
+"""Invalid configuration is rejected before any work, naming the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trio.testing import MockClock
+
+from tests.pipeline_helpers import run_fake
+from trio_rl import AsyncConfig, Config, ConfigError, RetryOnFailure, StreamMinibatchConfig
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "hint"),
+    [
+        ({"async_config": AsyncConfig(-1, 4)}, "async_config.max_steps_off_policy", "K must be >= 0"),
+        ({"async_config": AsyncConfig(1, 0)}, "async_config.groups_per_batch", "at least 1"),
+        ({"async_config": AsyncConfig(1, 4, staleness="drop")}, "async_config.staleness", "'requeue' or 'pace'"),
+        ({"async_config": AsyncConfig(1, 6), "num_substeps": 4}, "async_config.groups_per_batch", "multiple of 4"),
+        ({"stream_minibatch_config": StreamMinibatchConfig(4, 3)}, "stream_minibatch_config.groups_per_batch", "multiple of 3"),
+        ({"stream_minibatch_config": StreamMinibatchConfig(8, 2)}, "stream_minibatch_config.groups_per_batch", "make them equal"),
+        ({"num_workers": 0}, "num_workers", "at least 1"),
+        ({"learning_rate": 0.0}, "learning_rate", "positive"),
+        ({"loss_fn": "mse"}, "loss_fn", "importance_sampling"),
+        ({"kl_penalty_coef": 0.1}, "kl_penalty_coef", "set it to 0"),
+        ({"max_steps": -1}, "max_steps", "None trains"),
+        ({"eval_every": -1}, "eval_every", "0 disables"),
+        ({"async_config": AsyncConfig(1, 4), "stream_minibatch_config": StreamMinibatchConfig(4, 1)}, "async_config", "exclusive"),
+        ({"num_substeps": 3}, "dataset batch size", "multiple of 3"),
+    ],
+)
+async def test_invalid_config_is_rejected_before_any_work(
+    tmp_path: Path, kwargs: dict, field: str, hint: str, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend()
+    with pytest.raises(ConfigError, match=hint) as info:
+        await run_fake(Config(log_path=tmp_path / "run", **kwargs), FakeDataset(3, 4), backend)
+    assert info.value.field == field
+    assert str(info.value).startswith(field)
+    assert backend.calls == []
+    assert not (tmp_path / "run").exists()
+
+
+async def test_retries_need_builders_that_make_one_env(tmp_path: Path, autojump_clock: MockClock) -> None:
+    class GroupOnly(FakeDataset):
+        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+            class NoMakeEnv(FakeEnvGroupBuilder):
+                make_env = FakeEnvGroupBuilder.__mro__[1].make_env  # the base class's: not implemented
+
+            return [NoMakeEnv((index, g), self.spec, self.log) for g in range(self.batch_size)]
+
+    config = Config(log_path=tmp_path / "run", error_strategy=RetryOnFailure(max_retries=1))
+    with pytest.raises(ConfigError, match="make_env") as info:
+        await run_fake(config, GroupOnly(2, 2))
+    assert info.value.field == "error_strategy"
+
+
+def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> None:
+    assert Config(log_path=tmp_path).mode == "sync"
+    assert Config(log_path=tmp_path, async_config=AsyncConfig(1, 2)).mode == "async"
+    assert Config(log_path=tmp_path, stream_minibatch_config=StreamMinibatchConfig(2, 1)).mode == "stream"

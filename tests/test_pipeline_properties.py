@@ -1,0 +1,112 @@
+"""Property: any pipeline either finishes with every group accounted for, or raises the injected error."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, train
+from trio_rl.determinism import derive_seed
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+
+VIRTUAL_DEADLINE_S = 100_000.0
+
+
+class InjectedCrash(Exception):
+    pass
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict:
+    mode = draw(st.sampled_from(["sync", "stream", "requeue", "pace"]))
+    batch_size = draw(st.integers(1, 6))
+    num_batches = draw(st.integers(0, 6))
+    last_batch_size = draw(st.integers(1, batch_size))
+    groups_per_batch = draw(st.integers(1, 7))
+    crash = draw(
+        st.none()
+        | st.tuples(
+            st.integers(0, max(0, num_batches - 1)),
+            st.integers(0, max(0, last_batch_size - 1)),
+            st.sampled_from(["make_envs", "step", "compute_group_rewards"]),
+        )
+    )
+    return {
+        "mode": mode,
+        "num_batches": num_batches,
+        "batch_size": batch_size,
+        "last_batch_size": last_batch_size if mode != "stream" else batch_size,
+        "group_size": draw(st.integers(1, 4)),
+        "turns": draw(st.integers(1, 3)),
+        "workers": draw(st.none() | st.integers(1, 9)),
+        "k": draw(st.integers(0, 3)),
+        "groups_per_batch": groups_per_batch,
+        "num_minibatches": draw(st.sampled_from([d for d in range(1, batch_size + 1) if batch_size % d == 0])),
+        "latencies": draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=3, max_size=3)),
+        "step_latency": draw(st.sampled_from([0.0, 0.25, 2.0])),
+        "crash": crash,
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def build(s: dict, log_path: Path) -> tuple[Config, FakeDataset, FakeBackend]:
+    mode = s["mode"]
+    extra: dict = {}
+    if mode in ("requeue", "pace"):
+        extra["async_config"] = AsyncConfig(s["k"], s["groups_per_batch"], staleness=mode)
+    elif mode == "stream":
+        extra["stream_minibatch_config"] = StreamMinibatchConfig(s["batch_size"], s["num_minibatches"])
+    config = Config(log_path=log_path, num_workers=s["workers"], seed=s["seed"], eval_every=0, save_every=0, **extra)
+    fail_at = {}
+    if s["crash"] is not None and s["crash"][0] < s["num_batches"]:
+        batch, group, where = s["crash"]
+        size = s["last_batch_size"] if batch == s["num_batches"] - 1 else s["batch_size"]
+        if group < size:
+            fail_at[(batch, group)] = where
+    spec = FakeEnvSpec(
+        group_size=s["group_size"], turns=s["turns"], step_latency=s["step_latency"], fail_at=fail_at, error=InjectedCrash
+    )
+    dataset = FakeDataset(s["num_batches"], s["batch_size"], spec, last_batch_size=s["last_batch_size"])
+    sample, train_latency, optim = s["latencies"]
+    backend = FakeBackend(
+        seed=s["seed"],
+        sample_latency=lambda request: sample * (1 + derive_seed(request[2].seed) % 3),
+        train_latency=train_latency,
+        optim_latency=optim,
+    )
+    return config, dataset, backend
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_every_run_finishes_accounted_for_or_raises_the_injected_error(s: dict) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config, dataset, backend = build(s, Path(tmp) / "run")
+        injected = bool(dataset.spec.fail_at)
+
+        async def main() -> None:
+            with trio.fail_after(VIRTUAL_DEADLINE_S):
+                async with backend:
+                    result = await train(config, dataset=dataset, backend=backend)
+            assert not injected, "the injected crash was swallowed"
+            summary = result.summary
+            assert summary["run/trained_groups"] + summary["run/dropped_stale"] == dataset.total_groups
+            assert summary["run/cancelled_groups"] == 0
+            if s["mode"] != "requeue":
+                assert summary["run/dropped_stale"] == 0
+            made = sum(1 for line in dataset.log if line.startswith("make_envs"))
+            cleaned = sum(1 for line in dataset.log if line.startswith("cleanup"))
+            assert made == cleaned
+
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        if injected:
+            with pytest.RaisesGroup(InjectedCrash, flatten_subgroups=True):
+                trio.run(main, clock=clock)
+        else:
+            trio.run(main, clock=clock)
