@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -328,26 +328,24 @@ class Trainer:
 
     # ---- lifecycle
 
-    async def run(self, stop_rollouts: Callable[[], None]) -> TrainerOutcome:
-        """Train until the data runs out or ``max_steps``; then save and hand over the final weights."""
+    async def train_steps(self) -> bool:
+        """Train until the data runs out or ``max_steps``; return whether ``max_steps`` stopped it."""
         await self._maybe_evaluate(self.step)
-        stopped = False
         try:
             mode = self.config.mode
             if mode == "stream":
-                stopped = await self._run_stream()
-            elif mode == "async" and self.requeue_send is not None:
-                stopped = await self._run_requeue()
-            else:
-                stopped = await self._run_fixed()
+                return await self._run_stream()
+            if mode == "async" and self.requeue_send is not None:
+                return await self._run_requeue()
+            return await self._run_fixed()
         except trio.Cancelled:
             if self.config.save_on_cancel:
                 with trio.move_on_after(self.config.cancel_save_timeout, shield=True):
                     await self._save(final=True, reason="cancelled")
             raise
-        # At max_steps the rollouts still running are of no use: cancel them now
-        # rather than waiting for them.
-        stop_rollouts()
+
+    async def finish(self, stopped: bool) -> TrainerOutcome:
+        """Once the rollouts are over: record where the data went, evaluate and save the final weights."""
         if self.requeue_send is not None:
             self.requeue_send.close()
         stats = self.ctx.stats

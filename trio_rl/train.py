@@ -93,6 +93,14 @@ class TrainResult:
         return next(m for m in reversed(self.metrics) if "run/final_step" in m)
 
 
+def _drop_records_from(path: Path, step: int) -> None:
+    """Forget records of steps a resumed run will train again (and the old final record)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
 def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
@@ -168,6 +176,8 @@ async def train(
                     )
                 start_step = 0
                 ledger = DataLedger(ItemKey(0, 0), [])
+            if resume_from is not None:
+                _drop_records_from(log_path / METRICS_FILE, start_step)
             (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
@@ -219,20 +229,18 @@ async def _run_stages(ctx: RunContext, nursery: trio.Nursery) -> Any:
         trio.open_memory_channel[WorkItem](math.inf) if requeue else (None, None)
     )
     nursery.start_soon(evaluator_stage, ctx, evals_recv)
-    rollouts = trio.CancelScope()
-
-    async def rollout_stage() -> None:
-        with rollouts:
-            async with trio.open_nursery() as stage:
-                stage.start_soon(dataloader, ctx, items_send, requeue_recv)
-                with items_recv, groups_send:
-                    for _ in range(default_num_workers(config, ctx.groups_per_step)):
-                        stage.start_soon(rollout_worker, ctx, items_recv.clone(), groups_send.clone())
-
-    nursery.start_soon(rollout_stage)
     with evals_send, groups_recv, requeue_send if requeue_send is not None else nullcontext():
         trainer = Trainer(ctx, groups_recv, evals_send, requeue_send)
-        return await trainer.run(stop_rollouts=rollouts.cancel)
+        async with trio.open_nursery() as rollouts:
+            rollouts.start_soon(dataloader, ctx, items_send, requeue_recv)
+            with items_recv, groups_send:
+                for _ in range(default_num_workers(config, ctx.groups_per_step)):
+                    rollouts.start_soon(rollout_worker, ctx, items_recv.clone(), groups_send.clone())
+            stopped = await trainer.train_steps()
+            # At max_steps the rollouts still running are of no use: cancel
+            # them now rather than wait for them.
+            rollouts.cancel_scope.cancel()
+        return await trainer.finish(stopped)
 
 
 def run(

@@ -1,0 +1,39 @@
+"""Resuming from the last checkpoint neither loses nor replays data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trio.testing import MockClock
+
+from tests.conftest import read_jsonl
+from tests.pipeline_helpers import MODES, make_config, run_fake
+from trio_rl.checkpoint import CheckpointLog
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_resume_continues_at_the_saved_step_with_outstanding_work_first(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    spec = FakeEnvSpec(step_latency=2.0)
+    first = await run_fake(make_config(log_path, mode, max_steps=3), FakeDataset(6, 4, spec), backend)
+    checkpoint = CheckpointLog(log_path).last()
+    assert checkpoint is not None and checkpoint.step == 3 and checkpoint.final
+    assert len(checkpoint.outstanding) == first.cancelled_groups
+
+    dataset = FakeDataset(6, 4, spec)
+    second = await run_fake(make_config(log_path, mode, resume=True), dataset, backend)
+    assert [c.kind for c in backend.calls if c.kind == "load_state"] == ["load_state"]
+    assert second.step_metrics[0]["step"] == 3
+    trained = first.trained_groups + second.trained_groups
+    dropped = first.dropped_groups + second.dropped_groups
+    assert trained + dropped == 24
+    # The resumed run began with the groups the first one left in flight.
+    made = [line for line in dataset.log if line.startswith("make_envs")]
+    outstanding = [f"make_envs {tuple(key)}" for key in checkpoint.outstanding]
+    assert made[: len(outstanding)] == outstanding
+    steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) == list(range(second.final_step + 1))
