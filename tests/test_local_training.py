@@ -186,3 +186,20 @@ async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
         # The queue goes on after a failed request.
         await (await client.optim_step(ADAM)).result()
         assert (await client.get_tokenizer()) == TOK
+
+
+async def test_leaving_the_backend_fails_queued_requests(tmp_path: Path) -> None:
+    big = [_datum("abcdefgh " * 6) for _ in range(32)]
+    with trio.fail_after(30):
+        backend = _backend(tmp_path)
+        async with backend:
+            client = await backend.create_training_client(base_model="tiny", seed=0)
+            pendings = [await client.forward_backward(big, "cross_entropy") for _ in range(5)]
+            with pytest.raises(RuntimeError, match="already entered"):
+                async with backend:
+                    pass
+        # The block ended with work queued: the rest never runs and says so.
+        with pytest.raises(RuntimeError, match="closed"):
+            await pendings[-1].result()
+        with pytest.raises(RuntimeError, match="async with"):
+            await client.optim_step(ADAM)

@@ -463,7 +463,9 @@ class LocalSamplingClient:
         sequence reaches the model's ``max_seq_len``. Logprobs are those of the
         sampled tokens under ``log_softmax(logits / temperature)`` (temperature
         1 for greedy sampling), rounded to float32. A request with a ``seed``
-        gets the same tokens however it is batched.
+        gets the same tokens however it is batched; one without draws a seed
+        from the backend's seeded RNG in arrival order, which Trio's scheduling
+        may shuffle, so pass seeds where runs must repeat.
 
         Args:
             prompt: the tokens to continue (at least one).

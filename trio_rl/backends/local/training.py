@@ -144,7 +144,7 @@ class LocalPendingResult(Generic[T]):
 
         Raises:
             Exception: whatever the request raised.
-            RuntimeError: if the backend closed before the request ran.
+            RuntimeError: if the backend closed before the request finished.
         """
         await self._job.done.wait()
         if self._job.error is not None:
@@ -205,7 +205,7 @@ class LocalTrainingClient:
                 job.done.set()
         finally:
             self._working = False
-            closed = RuntimeError("the LocalBackend was closed before this request ran")
+            closed = RuntimeError("the LocalBackend was closed before this request finished")
             for job in self._queue:
                 job.error = closed
                 job.done.set()
