@@ -1,0 +1,52 @@
+"""Backends: the client protocol and its three implementations.
+
+- :class:`~trio_rl.testing.FakeBackend` (in :mod:`trio_rl.testing`): virtual time, for tests.
+- :class:`LocalBackend`: torch in-process; no key, no GPU, no downloads.
+- :class:`TinkerBackend`: the Tinker service (or a Tinker-compatible server).
+
+The two real backends are imported lazily, so ``import trio_rl`` pulls in
+neither torch's start-up cost nor the tinker SDK's client machinery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
+
+if TYPE_CHECKING:
+    from ._future_bridge import RemoteTimeoutError
+    from .local import CharTokenizer, LocalBackend, ModelConfig
+    from .tinker import MissingApiKeyError, TinkerBackend, TinkerTimeouts
+
+_LAZY = {
+    "LocalBackend": ".local",
+    "ModelConfig": ".local",
+    "CharTokenizer": ".local",
+    "TinkerBackend": ".tinker",
+    "TinkerTimeouts": ".tinker",
+    "MissingApiKeyError": ".tinker",
+    "RemoteTimeoutError": "._future_bridge",
+}
+
+__all__ = [
+    "Backend",
+    "CharTokenizer",
+    "LocalBackend",
+    "MissingApiKeyError",
+    "ModelConfig",
+    "PendingResult",
+    "RemoteTimeoutError",
+    "SamplingClient",
+    "TinkerBackend",
+    "TinkerTimeouts",
+    "Tokenizer",
+    "TrainingClient",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
