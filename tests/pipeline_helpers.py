@@ -38,3 +38,13 @@ async def run_fake(
     with trio.fail_after(RUN_DEADLINE_S):
         async with backend:
             return await train(config, dataset=dataset, backend=backend, evaluators=evaluators)
+
+
+def straggling_group_1(request: Any) -> float:
+    """A sample latency: group 1 of every batch takes 10 s, the others 1 s.
+
+    The fake env's prompt encodes the group index. With K >= 1 the trainer moves
+    on without the stragglers, so they arrive more than K steps stale.
+    """
+    prompt = request[0].to_ints()
+    return 10.0 if prompt[1] - 2 == 1 else 1.0

@@ -9,7 +9,8 @@ import trio
 from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
-from tests.pipeline_helpers import MODES, make_config, run_fake
+from trio_rl import AsyncConfig
+from tests.pipeline_helpers import MODES, make_config, run_fake, straggling_group_1
 from trio_rl.testing import FakeBackend, FakeDataset
 
 @pytest.mark.parametrize("mode", ["pace", "requeue"])
@@ -44,7 +45,9 @@ async def test_data_ending_mid_batch_trains_the_rest_as_a_last_partial_step(log_
 
 async def test_requeue_accounts_for_every_group_when_data_ends(log_path: Path, autojump_clock: MockClock) -> None:
     dataset = FakeDataset(num_batches=3, batch_size=3)
-    result = await run_fake(make_config(log_path, "requeue"), dataset, FakeBackend(sample_latency=1.0))
+    backend = FakeBackend(sample_latency=straggling_group_1, train_latency=0.5)
+    config = make_config(log_path, "requeue", async_config=AsyncConfig(1, 2, "requeue"))
+    result = await run_fake(config, dataset, backend)
     summary = result.summary
     assert summary["run/trained_groups"] + summary["run/dropped_stale"] == 9
     assert summary["run/dropped_stale"] == result.dropped_groups > 0

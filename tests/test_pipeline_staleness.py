@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 from trio.testing import MockClock
 
-from tests.pipeline_helpers import make_config, run_fake
+from tests.pipeline_helpers import make_config, run_fake, straggling_group_1
 from trio_rl import AsyncConfig
 from trio_rl.testing import FakeBackend, FakeDataset
-
-
-def slow_odd_groups(request: Any) -> float:
-    """Groups with an odd index sample slowly (the fake env's prompt encodes the group)."""
-    prompt = request[0].to_ints()
-    return 3.0 if (prompt[1] - 2) % 2 else 1.0
 
 
 async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
@@ -25,9 +19,9 @@ async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
 ) -> None:
     dataset = FakeDataset(num_batches=6, batch_size=4)
     config = make_config(
-        log_path, "requeue", async_config=AsyncConfig(max_steps_off_policy=0, groups_per_batch=2, staleness="requeue")
+        log_path, "requeue", async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, staleness="requeue")
     )
-    result = await run_fake(config, dataset, FakeBackend(sample_latency=slow_odd_groups, train_latency=0.5))
+    result = await run_fake(config, dataset, FakeBackend(sample_latency=straggling_group_1, train_latency=0.5))
     summary = result.summary
     assert summary["run/requeued"] > 0
     # Requeued before the end of data: those groups were built and sampled again.
@@ -37,7 +31,7 @@ async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
     assert summary["run/trained_groups"] + summary["run/dropped_stale"] == dataset.total_groups == 24
     assert summary["run/cancelled_groups"] == 0
     for record in result.step_metrics:
-        assert record["sampling_client/staleness_max"] == 0
+        assert record["sampling_client/staleness_max"] <= 1
 
 
 async def test_requeue_with_a_small_worker_pool_never_deadlocks(log_path: Path, autojump_clock: MockClock) -> None:
@@ -48,7 +42,7 @@ async def test_requeue_with_a_small_worker_pool_never_deadlocks(log_path: Path, 
         num_workers=1,
         async_config=AsyncConfig(max_steps_off_policy=0, groups_per_batch=3, staleness="requeue"),
     )
-    result = await run_fake(config, dataset, FakeBackend(sample_latency=slow_odd_groups, train_latency=2.0))
+    result = await run_fake(config, dataset, FakeBackend(sample_latency=straggling_group_1, train_latency=2.0))
     assert result.summary["run/trained_groups"] + result.summary["run/dropped_stale"] == 32
 
 

@@ -23,10 +23,12 @@ from through ``WorkItem.min_version``:
   ``target = n // groups_per_batch``, and the trainer trains items in admission
   order, so staleness never exceeds K and at most ``groups_per_batch * (K + 1)``
   groups are started but not yet trained;
-- async "requeue": no wait; the trainer sends groups more than K steps stale
-  back to the dataloader, which resamples them while the dataset still has
-  data and closes the back channel once it has none, turning later requeues
-  into counted drops.
+- async "requeue": the dataloader holds group ``n`` back until version
+  ``n // groups_per_step - K`` exists (it would be stale on arrival otherwise),
+  but the trainer does not wait for particular groups: it trains the oldest
+  fresh ones and sends groups more than K steps stale back to the dataloader,
+  which resamples them while the dataset still has data and closes the back
+  channel once it has none, turning later requeues into counted drops.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class FinishedGroup:
     version: int
     group: TrajectoryGroup
     tags: list[str]
+    data: list[tinker_types.Datum]
+    """The group's training data, assembled by the worker as soon as the group is done."""
 
 
 class DataLedger:
@@ -162,6 +166,20 @@ class RunContext:
         return 0 if ac is None else ac.max_steps_off_policy
 
 
+async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> None:
+    """Send ``value``; if the receivers are gone, let the crash that removed them speak.
+
+    Receivers only disappear when a stage crashed, and the crash cancels the
+    nursery. A checkpoint lets that cancellation arrive, so the run reports the
+    crash rather than a ``BrokenResourceError`` beside it.
+    """
+    try:
+        await channel.send(value)
+    except trio.BrokenResourceError:
+        await trio.lowlevel.checkpoint()
+        raise
+
+
 # ---------------------------------------------------------------- dataloader
 
 
@@ -191,11 +209,12 @@ def _admit(ctx: RunContext, order: int, key: ItemKey, builder: EnvGroupBuilder) 
         # Dataset batch s is step s; on resume the cursor sits at the start of a batch.
         return WorkItem(key, order, builder, 0, min_version=key.batch, target_step=key.batch)
     assert config.async_config is not None
-    if config.async_config.staleness == "pace":
-        target = ctx.start_step + order // ctx.groups_per_step
-        min_version = max(ctx.start_step, target - ctx.staleness_limit)
-        return WorkItem(key, order, builder, 0, min_version=min_version, target_step=target)
-    return WorkItem(key, order, builder, 0, min_version=ctx.start_step, target_step=None)
+    # Group n is due for step n // groups_per_step; starting it before the weights
+    # of step (due - K) exist would only make it stale on arrival.
+    due = ctx.start_step + order // ctx.groups_per_step
+    min_version = max(ctx.start_step, due - ctx.staleness_limit)
+    pace = config.async_config.staleness == "pace"
+    return WorkItem(key, order, builder, 0, min_version=min_version, target_step=due if pace else None)
 
 
 async def dataloader(
@@ -218,14 +237,39 @@ async def dataloader(
                 item = requeue_recv.receive_nowait()
             except trio.WouldBlock:
                 return
-            await items_send.send(item)
+            await send_downstream(items_send, item)
+
+    async def requeued_or_weights(version: int) -> WorkItem | None:
+        """Wait for a requeued group (returned) or for weights ``version`` (None), whichever comes first."""
+        assert requeue_recv is not None
+        requeued: WorkItem | None = None
+        async with trio.open_nursery() as race:
+
+            async def weights_ready() -> None:
+                await ctx.weights.wait_for(version)
+                race.cancel_scope.cancel()
+
+            async def group_requeued() -> None:
+                nonlocal requeued
+                requeued = await requeue_recv.receive()
+                race.cancel_scope.cancel()
+
+            race.start_soon(weights_ready)
+            race.start_soon(group_requeued)
+        return requeued
 
     with items_send:
         for order, (key, builder, following) in enumerate(_dataset_items(ctx.dataset, ctx.ledger)):
+            item = _admit(ctx, order, key, builder)
             if requeue_recv is not None:
                 await forward_requeued()
-            item = _admit(ctx, order, key, builder)
-            await items_send.send(item)
+                # Hold fresh groups here rather than in a worker, so that idle
+                # workers stay free to resample what the trainer requeues.
+                while ctx.weights.version < item.min_version:
+                    requeued = await requeued_or_weights(item.min_version)
+                    if requeued is not None:
+                        await send_downstream(items_send, requeued)
+            await send_downstream(items_send, item)
             ctx.ledger.handed_out(key, following)
         if requeue_recv is not None:
             # Take what was requeued while data remained, and close the back
@@ -239,7 +283,7 @@ async def dataloader(
                     break
             requeue_recv.close()
             for item in last_requeued:
-                await items_send.send(item)
+                await send_downstream(items_send, item)
 
 
 # ---------------------------------------------------------------- rollouts
@@ -262,7 +306,10 @@ async def run_work_item(ctx: RunContext, item: WorkItem) -> FinishedGroup:
             return SamplingPolicy(client, config.sampling_params(seed), seed)
 
         group = await rollout_group(item.builder, envs, policy_for, config.error_strategy)
-    return FinishedGroup(item=item, version=version, group=group, tags=list(item.builder.logging_tags()))
+    # Advantages are centred within the group, so its data can be built here,
+    # while other groups are still sampling, instead of on the trainer's path.
+    data = assemble_training_data([group], config.loss_fn)
+    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
 
 
 async def rollout_worker(
@@ -273,7 +320,7 @@ async def rollout_worker(
     """Sample groups until the items run out; closing its ``groups_send`` clone on exit."""
     with items_recv, groups_send:
         async for item in items_recv:
-            await groups_send.send(await run_work_item(ctx, item))
+            await send_downstream(groups_send, await run_work_item(ctx, item))
 
 
 # ---------------------------------------------------------------- evaluator
@@ -450,8 +497,7 @@ class Trainer:
             del by_step[self.step]
             if not taken:
                 return False
-            results = [await pending.result() for pending in submitted]
-            await self._finish_step(taken, results, started=started)
+            await self._finish_step(taken, submitted, started=started)
         return True
 
     async def _run_requeue(self) -> bool:
@@ -505,8 +551,7 @@ class Trainer:
     async def _submit(self, groups: Sequence[FinishedGroup], *, optim: bool) -> list[PendingResult[Any]]:
         """Submit forward_backward for ``groups`` (if any data), then optim_step if asked; wait for neither."""
         pending: list[PendingResult[Any]] = []
-        kept = self._filter(groups)
-        data = assemble_training_data([g.group for g in kept], self.config.loss_fn)
+        data = [datum for group in self._filter(groups) for datum in group.data]
         client = self.ctx.training_client
         if data:
             pending.append(await client.forward_backward(data, self.config.loss_fn, self.config.loss_fn_config))  # type: ignore[arg-type]
@@ -528,18 +573,21 @@ class Trainer:
     async def _train_step(self, groups: list[FinishedGroup]) -> None:
         started = time.perf_counter()
         groups = sorted(groups, key=lambda g: (g.item.order, g.item.attempt))
-        substeps = self.config.num_substeps
         submitted: list[PendingResult[Any]] = []
         # Substeps split the groups (not the Datums) evenly, so a group's data is
         # never split across two optimizer steps.
-        for chunk in split_evenly(groups, substeps):
+        for chunk in split_evenly(groups, self.config.num_substeps):
             submitted.extend(await self._submit(chunk, optim=True))
-        results = [await pending.result() for pending in submitted]
-        await self._finish_step(groups, results, started=started)
+        await self._finish_step(groups, submitted, started=started)
 
-    async def _finish_step(self, groups: list[FinishedGroup], results: list[Any], *, started: float) -> None:
+    async def _finish_step(
+        self, groups: list[FinishedGroup], submitted: list[PendingResult[Any]], *, started: float
+    ) -> None:
         ctx = self.ctx
         step = self.step
+        # Computed while the backend works on the submitted requests.
+        metrics = self._batch_metrics(groups)
+        results = [await pending.result() for pending in submitted]
         train_done = time.perf_counter()
         client = await ctx.training_client.save_weights_for_sampler(f"step_{step + 1:06d}")
         ctx.weights.publish(step + 1, client)
@@ -547,7 +595,13 @@ class Trainer:
         ctx.stats.trained_groups += len(groups)
         for group in groups:
             ctx.ledger.settled(group.item.key)
-        metrics = self._step_metrics(groups, results)
+        metrics.update(_result_metrics(results))
+        stats = ctx.stats
+        metrics["progress/trained_groups"] = stats.trained_groups
+        metrics["async/requeued"] = stats.requeued
+        metrics["async/dropped_stale"] = stats.dropped_stale
+        metrics["rollouts/in_flight_max"] = stats.in_flight_max
+        metrics["data/groups_filtered_constant"] = stats.filtered_groups
         metrics["time/train"] = train_done - started
         metrics["time/total"] = time.perf_counter() - self.run_started
         self.step = step + 1
@@ -557,32 +611,19 @@ class Trainer:
         if self.config.eval_every and self.step % self.config.eval_every == 0:
             await self._maybe_evaluate(self.step)
 
-    def _step_metrics(self, groups: list[FinishedGroup], results: list[Any]) -> Metrics:
-        stats = self.ctx.stats
+    def _batch_metrics(self, groups: list[FinishedGroup]) -> Metrics:
         versions = [g.version for g in groups]
         metrics: Metrics = {
             "progress/groups": len(groups),
             # Only the end of data makes a step smaller than a full batch.
             "progress/partial_batch": int(len(groups) < self.ctx.groups_per_step),
-            "progress/trained_groups": stats.trained_groups,
             "sampling_client/step_min": min(versions),
             "sampling_client/step_max": max(versions),
             "sampling_client/step_mean": sum(versions) / len(versions),
             "sampling_client/staleness_max": self.step - min(versions),
-            "async/requeued": stats.requeued,
-            "async/dropped_stale": stats.dropped_stale,
-            "rollouts/in_flight_max": stats.in_flight_max,
             "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
-            "data/groups_filtered_constant": stats.filtered_groups,
         }
         metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
-        loss = 0.0
-        for result in results:
-            if isinstance(result, tinker_types.ForwardBackwardOutput):
-                loss += result.metrics.get("loss:sum", 0.0)
-            elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
-                metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
-        metrics["train/loss:sum"] = loss
         return metrics
 
     # ---- checkpoints and evaluation
@@ -611,7 +652,7 @@ class Trainer:
             return
         self._last_evaluated = version
         self.ctx.metrics.expect_eval(version)
-        await self.evals_send.send((version, self.ctx.weights.latest()[1]))
+        await send_downstream(self.evals_send, (version, self.ctx.weights.latest()[1]))
 
 
 def default_num_workers(config: Config, groups_per_step: int) -> int:
@@ -620,3 +661,16 @@ def default_num_workers(config: Config, groups_per_step: int) -> int:
         return config.num_workers
     k = 0 if config.async_config is None else config.async_config.max_steps_off_policy
     return max(1, groups_per_step * (k + 1))
+
+
+def _result_metrics(results: Sequence[Any]) -> Metrics:
+    """``train/loss:sum`` over the step's forward_backward calls and the optimizer's metrics."""
+    metrics: Metrics = {}
+    loss = 0.0
+    for result in results:
+        if isinstance(result, tinker_types.ForwardBackwardOutput):
+            loss += result.metrics.get("loss:sum", 0.0)
+        elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
+            metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
+    metrics["train/loss:sum"] = loss
+    return metrics
