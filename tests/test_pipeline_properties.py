@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def build(s: dict, log_path: Path) -> tuple[Config, FakeDataset, FakeBackend]:
     return config, dataset, backend
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("TRIO_RL_HYPOTHESIS_EXAMPLES", "120")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_every_run_finishes_accounted_for_or_raises_the_injected_error(s: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
