@@ -58,18 +58,23 @@ ENGINE_PID_PREFIX = "Started background engine with PID "
 
 HEALTH_PATH = "/api/v1/healthz"
 
+_RICH_BOX = ("│", "╭", "╰")
+
 DUMMY_API_KEY = "tml-dummy"
 """The SDK insists on a key starting with ``tml-``; the server ignores it."""
 
-DEFAULT_BACKEND_CONFIG = '{"max_lora_adapters": 16, "sample_max_num_sequences": 16}'
+DEFAULT_BACKEND_CONFIG = '{"max_lora_adapters": 24, "sample_max_num_sequences": 16, "train_micro_batch_size": 2}'
 """Engine settings for tests.
 
 ``max_lora_adapters``: every training client (also one restored from a saved
-state) holds an adapter slot until its session expires; 16 leaves room for a
+state) holds an adapter slot until its session expires; 24 leaves room for a
 whole test session (skyrl's default, 32, only makes the engine's arrays bigger).
 ``sample_max_num_sequences``: sampling batches are padded to this many
 sequences, so JAX compiles sampling once per prompt-length bucket instead of
 once per distinct batch size.
+``train_micro_batch_size``: forward/backward runs in micro-batches of 2, so every
+even-sized batch has the same (2, 32) shape and compiles once. (Gradients are
+accumulated over micro-batches: the results are the same.)
 """
 
 
@@ -279,7 +284,10 @@ def log_tail(path: Path, max_lines: int = 60) -> str:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return ""
-    return "\n".join(lines[-max_lines:])
+    # rich draws tracebacks in boxes of source context; keep the lines that say
+    # what happened (the exception line itself is outside the box).
+    kept = [line.rstrip() for line in lines if line.strip() and not line.lstrip().startswith(_RICH_BOX)]
+    return "\n".join(kept[-max_lines:])
 
 
 def _engine_pid_from_log(path: Path) -> int | None:
