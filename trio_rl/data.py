@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from tinker import types as tinker_types
 
+from . import _tinker_compat as compat
 from .types import Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
@@ -54,16 +55,13 @@ class _Sequence:
 
     def to_datum(self, loss_fn: str) -> tinker_types.Datum:
         # The model reads tokens[:-1] and is scored on predicting tokens[1:].
-        inputs: dict[str, list[int] | list[float]] = {"target_tokens": self.tokens[1:]}
+        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64")}
         if loss_fn == "cross_entropy":
-            inputs["weights"] = self.mask[1:]
+            inputs["weights"] = compat.tensor(self.mask[1:], "float32")
         else:
-            inputs["logprobs"] = self.logprobs[1:]
-            inputs["advantages"] = self.advantages[1:]
-        return tinker_types.Datum(
-            model_input=tinker_types.ModelInput.from_ints(self.tokens[:-1]),
-            loss_fn_inputs=inputs,  # type: ignore[arg-type]
-        )
+            inputs["logprobs"] = compat.tensor(self.logprobs[1:], "float32")
+            inputs["advantages"] = compat.tensor(self.advantages[1:], "float32")
+        return tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
 
 
 def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling") -> list[tinker_types.Datum]:
