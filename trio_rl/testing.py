@@ -95,14 +95,16 @@ class FakeSamplingClient:
         await trio.sleep(_latency(backend.sample_latency, (prompt, num_samples, sampling_params)))
         if backend.fail_sample is not None:
             raise backend.fail_sample
-        base = sampling_params.seed if sampling_params.seed is not None else 0
+        # A seeded request depends on its seed, not on its prompt; an unseeded one
+        # on its prompt (tuples of ints hash the same in every process).
+        base = sampling_params.seed if sampling_params.seed is not None else hash(tuple(prompt.to_ints()))
+        max_tokens = sampling_params.max_tokens or 16
         sequences = []
         for i in range(num_samples):
-            rng = random.Random(derive_seed(backend.seed, base, i, self.version, *prompt.to_ints()))
-            max_tokens = sampling_params.max_tokens or 16
+            rng = random.Random(derive_seed(backend.seed, base, i, self.version))
             n = rng.randint(1, max_tokens)
-            tokens = [rng.randrange(backend.vocab_size) for _ in range(n)]
-            logprobs = [-rng.random() * 3 for _ in range(n)]
+            tokens = rng.choices(range(backend.vocab_size), k=n)
+            logprobs = [-3 * rng.random() for _ in range(n)]
             sequences.append(compat.sampled_sequence(tokens, logprobs, "stop" if n < max_tokens else "length"))
         return compat.sample_response(sequences)
 
