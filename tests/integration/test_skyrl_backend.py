@@ -160,7 +160,7 @@ async def test_unsupported_dro_loss_fails_fast(skyrl_server: SkyRLServer) -> Non
 
 async def test_token_beyond_vocabulary_times_out_with_a_named_error(skyrl_server: SkyRLServer) -> None:
     """SkyRL answers 500 for the NaN results and the SDK retries; the deadline ends it."""
-    deadline_s = 15.0
+    deadline_s = 10.0
     timeouts = TinkerTimeouts(
         create_training_client=120, forward_backward=deadline_s, optim_step=60, sample=60, checkpoint=60
     )
@@ -170,11 +170,17 @@ async def test_token_beyond_vocabulary_times_out_with_a_named_error(skyrl_server
                 base_model=skyrl_server.base_model, lora_rank=LORA_RANK, seed=0
             )
             bad = skyrl_server.vocab_size + 1000
+            good = tinker_types.Datum(
+                model_input=tinker_types.ModelInput.from_ints([5, 6, 7, 8]),
+                loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 4},
+            )
             datum = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints([5, bad, 7, 8]),
                 loss_fn_inputs={"target_tokens": [bad, 7, 8, bad], "weights": [1.0] * 4},
             )
-            pending = await client.forward_backward([datum], "cross_entropy")
+            # Two data, like the other tests: the engine has already compiled that
+            # shape, so the deadline measures the hang, not a JAX compile.
+            pending = await client.forward_backward([good, datum], "cross_entropy")
             started = time.monotonic()
             with pytest.raises(RemoteTimeoutError) as caught:
                 await pending.result()
@@ -182,5 +188,5 @@ async def test_token_beyond_vocabulary_times_out_with_a_named_error(skyrl_server
     error = caught.value
     assert error.what == "forward_backward"
     assert error.timeout == deadline_s
-    assert "forward_backward" in str(error) and "15" in str(error)
+    assert str(error) == "forward_backward did not complete within 10.0 s"
     assert deadline_s - 1 <= waited <= deadline_s + 10
