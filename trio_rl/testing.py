@@ -269,6 +269,7 @@ class FakeEnvSpec:
             one succeeds (``None``: all of them).
         hang_at: ``(batch, group)`` whose ``step`` never returns on the first attempt.
         error: the exception a failing fake env raises.
+        constant_reward_groups: groups ``(batch, group)`` whose every env gets reward 1.0.
         failure_times: when each injected failure was raised (``trio.current_time()``).
     """
 
@@ -279,6 +280,7 @@ class FakeEnvSpec:
     fail_attempts: int | None = None
     hang_at: set[tuple[int, int]] = field(default_factory=set)
     error: type[Exception] = RuntimeError
+    constant_reward_groups: set[tuple[int, int]] = field(default_factory=set)
     failure_times: list[float] = field(default_factory=list)
 
     def fail(self, message: str) -> Exception:
@@ -315,6 +317,8 @@ class FakeEnv(Env):
         self.turn += 1
         self.tokens = self.tokens + list(action) + [5]
         reward = sum(1 for t in action if t % 2 == 0) / max(1, len(action))
+        if self.key in spec.constant_reward_groups:
+            reward = 1.0
         done = self.turn >= spec.turns
         return StepResult(
             reward=reward / spec.turns,

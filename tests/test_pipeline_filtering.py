@@ -1,0 +1,41 @@
+"""Constant-reward groups are filtered out; an empty (mini)batch after filtering is not an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trio.testing import MockClock
+
+from tests.pipeline_helpers import MODES, make_config, run_fake
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_batch_left_empty_by_filtering_trains_nothing_and_goes_on(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    # Batch 0 is all constant-reward groups; batch 1 has none.
+    spec = FakeEnvSpec(constant_reward_groups={(0, g) for g in range(4)})
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    config = make_config(log_path, mode, remove_constant_reward_groups=True)
+    result = await run_fake(config, FakeDataset(2, 4, spec), backend)
+    assert result.final_step == 2
+    filtered = [r["data/groups_filtered_constant"] for r in result.step_metrics]
+    assert filtered[-1] == 4
+    # One step had no data at all: no forward_backward and no optim_step for it,
+    # since Adam's momentum would move the weights without a gradient.
+    assert len(backend.calls_of("optim_step")) == 1
+    assert all(c.detail["data"] > 0 for c in backend.calls_of("forward_backward"))
+    assert result.step_metrics[0]["env/all/reward/total"] == 1.0
+
+
+async def test_stream_minibatch_emptied_by_filtering(log_path: Path, autojump_clock: MockClock) -> None:
+    # Within one step, the first two groups (one minibatch) are constant.
+    spec = FakeEnvSpec(constant_reward_groups={(0, 0), (0, 1)})
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    config = make_config(log_path, "stream", remove_constant_reward_groups=True)
+    result = await run_fake(config, FakeDataset(1, 4, spec), backend)
+    assert result.final_step == 1
+    assert [c.detail["data"] for c in backend.calls_of("forward_backward")] == [2 * 4]
+    assert len(backend.calls_of("optim_step")) == 1
