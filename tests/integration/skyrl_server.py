@@ -183,6 +183,7 @@ class SkyRLServer:
         base_url: ``http://127.0.0.1:<port>``, for ``TINKER_BASE_URL``.
         base_model: the model directory; pass exactly this string as ``base_model``.
         vocab_size: the tiny model's vocabulary size (token ids must be below it).
+        eos_token_id: the tokenizer's end-of-sequence id (a stop token for sampling).
         workdir: the temporary directory holding model, database, checkpoints, log.
         log_path: the combined stdout/stderr of the server and its engine.
         process: the API server process.
@@ -225,7 +226,9 @@ class SkyRLServer:
         # the engine is re-parented and no longer findable as its child.
         engine_pid = self.engine_pid or _engine_pid_from_log(self.log_path) or _first_child_pid(self.process.pid)
         _terminate_pid(self.process.pid, grace_s, popen=self.process)
-        if engine_pid is not None:
+        # Re-checked by command line: if the engine already exited, its PID may
+        # have been reused by an unrelated process, which must not be signalled.
+        if engine_pid is not None and _is_our_engine(engine_pid):
             _terminate_pid(engine_pid, grace_s)
 
 
@@ -311,6 +314,18 @@ def _first_child_pid(pid: int) -> int | None:
             if children:
                 return int(children[0])
     return None
+
+
+def _is_our_engine(pid: int) -> bool:
+    """Whether ``pid`` is an engine started through this file (Linux /proc; True elsewhere)."""
+    cmdline_path = Path(f"/proc/{pid}/cmdline")
+    if not Path("/proc/self/cmdline").exists():
+        return True
+    try:
+        argv = cmdline_path.read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return str(THIS_FILE).encode() in argv and b"engine" in argv
 
 
 def _pid_alive(pid: int) -> bool:
