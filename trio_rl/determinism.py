@@ -23,12 +23,14 @@ after it means all work due at the previous instant has been done."""
 
 
 def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed that depends only on ``parts``, e.g. (seed, batch, group, attempt).
+    """A seed in ``[0, 2**31)`` that depends only on ``parts``, e.g. (seed, batch, group, attempt).
 
     Hashing, rather than adding or xoring, keeps nearby identities from producing
-    related random streams.
+    related random streams. The range is that of a non-negative int32, because
+    servers speaking the Tinker API may store sampling seeds as int32 (SkyRL
+    rejects larger ones).
     """
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") >> 1
 
 
