@@ -111,11 +111,11 @@ def _import_skyrl_types() -> None:
     import typing_extensions
 
     original = typing.TypedDict
-    typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+    typing.TypedDict = typing_extensions.TypedDict
     try:
         import skyrl.tinker.types  # noqa: F401
     finally:
-        typing.TypedDict = original  # type: ignore[misc]
+        typing.TypedDict = original
 
 
 def _serve(argv: Sequence[str]) -> None:
@@ -135,7 +135,7 @@ def _serve(argv: Sequence[str]) -> None:
         del parent_cmd
         return [sys.executable, str(THIS_FILE), "engine", *config_to_argv(engine_config)]
 
-    api._build_uv_run_cmd_engine = engine_command  # type: ignore[assignment]
+    api._build_uv_run_cmd_engine = engine_command
 
     parser = argparse.ArgumentParser(prog="skyrl_server.py serve")
     add_model(parser, EngineConfig)

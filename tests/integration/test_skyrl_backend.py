@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -53,6 +54,15 @@ PIPELINE_LOSSES: list[tuple[str, dict[str, float] | None]] = [
 ]
 
 
+def tensors(**columns: Sequence[float] | Sequence[int]) -> dict[str, tinker_types.TensorData]:
+    """``loss_fn_inputs`` from plain lists: ints as int64, floats as float32."""
+    out: dict[str, tinker_types.TensorData] = {}
+    for name, values in columns.items():
+        dtype = np.int64 if all(isinstance(v, int) for v in values) else np.float32
+        out[name] = tinker_types.TensorData.from_numpy(np.asarray(values, dtype=dtype))
+    return out
+
+
 def backend_for(server: SkyRLServer, timeouts: TinkerTimeouts = TIMEOUTS) -> TinkerBackend:
     """A TinkerBackend pointed at the test server."""
     return TinkerBackend(base_url=server.base_url, api_key=DUMMY_API_KEY, timeouts=timeouts)
@@ -65,21 +75,26 @@ def expected_elementwise_loss(
     inputs: dict[str, np.ndarray],
 ) -> np.ndarray:
     """The per-token loss of ``loss_fn`` given the learner's ``logprobs`` (tinker's definitions)."""
+    loss: np.ndarray
     if loss_fn == "cross_entropy":
-        return -inputs["weights"] * logprobs
+        loss = -inputs["weights"] * logprobs
+        return loss
     ratio = np.exp(logprobs - inputs["logprobs"])
     advantages = inputs["advantages"]
     # The pipeline sends no weights for RL losses; the server then weighs every token 1.
     weights = inputs.get("weights", np.ones_like(logprobs))
     if loss_fn == "importance_sampling":
-        return -weights * ratio * advantages
+        loss = -weights * ratio * advantages
+        return loss
     assert config is not None
     clipped = np.clip(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
     if loss_fn == "ppo":
-        return -weights * np.minimum(ratio * advantages, clipped * advantages)
-    if loss_fn == "cispo":
-        return -weights * clipped * logprobs * advantages
-    raise AssertionError(f"no formula for {loss_fn}")
+        loss = -weights * np.minimum(ratio * advantages, clipped * advantages)
+    elif loss_fn == "cispo":
+        loss = -weights * clipped * logprobs * advantages
+    else:
+        raise AssertionError(f"no formula for {loss_fn}")
+    return loss
 
 
 async def test_each_pipeline_loss_round_trips(skyrl_server: SkyRLServer) -> None:
@@ -146,7 +161,7 @@ async def test_unsupported_dro_loss_fails_fast(skyrl_server: SkyRLServer) -> Non
             )
             datum = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints([5, 6, 7, 8]),
-                loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "logprobs": [-1.0] * 4, "advantages": [1.0] * 4},
+                loss_fn_inputs=tensors(target_tokens=[6, 7, 8, 9], logprobs=[-1.0] * 4, advantages=[1.0] * 4),
             )
             started = time.monotonic()
             with pytest.raises(Exception) as caught:  # noqa: PT011 - any prompt error is right
@@ -172,11 +187,11 @@ async def test_token_beyond_vocabulary_times_out_with_a_named_error(skyrl_server
             bad = skyrl_server.vocab_size + 1000
             good = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints([5, 6, 7, 8]),
-                loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 4},
+                loss_fn_inputs=tensors(target_tokens=[6, 7, 8, 9], weights=[1.0] * 4),
             )
             datum = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints([5, bad, 7, 8]),
-                loss_fn_inputs={"target_tokens": [bad, 7, 8, bad], "weights": [1.0] * 4},
+                loss_fn_inputs=tensors(target_tokens=[bad, 7, 8, bad], weights=[1.0] * 4),
             )
             # Two data, like the other tests: the engine has already compiled that
             # shape, so the deadline measures the hang, not a JAX compile.

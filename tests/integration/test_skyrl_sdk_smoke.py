@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from bounded import bounded_result
 from skyrl_server import SkyRLServer
@@ -30,10 +31,10 @@ def _datum(tokens: list[int], *, advantage: float) -> Any:
     return types.Datum(
         model_input=types.ModelInput.from_ints(inputs),
         loss_fn_inputs={
-            "target_tokens": targets,
-            "weights": [1.0] * n,
-            "logprobs": [-2.0] * n,
-            "advantages": [advantage] * n,
+            "target_tokens": types.TensorData.from_numpy(np.asarray(targets, dtype=np.int64)),
+            "weights": types.TensorData.from_numpy(np.ones(n, dtype=np.float32)),
+            "logprobs": types.TensorData.from_numpy(np.full(n, -2.0, dtype=np.float32)),
+            "advantages": types.TensorData.from_numpy(np.full(n, advantage, dtype=np.float32)),
         },
     )
 
@@ -57,7 +58,7 @@ def batch(training_client: Any) -> list[Any]:
 
 def _mean_logprob(output: Any) -> float:
     values = [v for out in output.loss_fn_outputs for v in out["logprobs"].tolist()]
-    return sum(values) / len(values)
+    return float(sum(values) / len(values))
 
 
 def test_server_lists_the_tiny_model(service_client: Any, skyrl_server: SkyRLServer) -> None:

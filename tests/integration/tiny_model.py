@@ -109,9 +109,11 @@ def build_tokenizer(out_dir: Path) -> int:
 
     # Wrapping it writes tokenizer.json plus the tokenizer_config.json that
     # AutoTokenizer (the server's and the SDK's loader) needs.
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN
+    )
     wrapped.save_pretrained(str(out_dir))
-    return tokenizer.get_vocab_size(with_added_tokens=True)
+    return int(tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def build_tiny_model(out_dir: Path | str, *, seed: int = 0) -> TinyModel:
@@ -158,7 +160,7 @@ def build_tiny_model(out_dir: Path | str, *, seed: int = 0) -> TinyModel:
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(path)  # safetensors (the server's JAX loader reads *.safetensors)
     return TinyModel(
         path=path,
