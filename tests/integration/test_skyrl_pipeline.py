@@ -43,9 +43,6 @@ TIMEOUTS = TinkerTimeouts(
     create_training_client=120, forward_backward=90, optim_step=90, sample=90, checkpoint=90, tokenizer=60
 )
 
-INT32_LIMIT = 2**31
-"""skyrl 0.3.0 keeps sampling seeds in an int32."""
-
 _tokenizer_cache: dict[str, Tokenizer] = {}
 
 
@@ -156,13 +153,6 @@ class RecordingSamplingClient:
         self, prompt: tinker_types.ModelInput, num_samples: int, sampling_params: tinker_types.SamplingParams
     ) -> tinker_types.SampleResponse:
         self.log.append(self.name)
-        seed = sampling_params.seed
-        if seed is not None and not 0 <= seed < INT32_LIMIT:
-            # skyrl 0.3.0 stores seeds as int32 and answers 400 for larger
-            # ones; trio_rl's derive_seed gives 63-bit seeds. Folded here so
-            # the other checks run; test_pipeline_sampling_seeds_fit_int32
-            # reports the bug itself.
-            sampling_params = sampling_params.model_copy(update={"seed": seed % INT32_LIMIT})
         return await self.inner.sample(prompt, num_samples, sampling_params)
 
     async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
@@ -453,18 +443,12 @@ async def test_bad_token_ends_the_run_with_a_named_timeout(skyrl_server: SkyRLSe
     print(f"bad request ended the run after {elapsed:.1f} s with: {leaves!r}")
 
 
-@pytest.mark.xfail(
-    reason="trio_rl.determinism.derive_seed gives 63-bit seeds; skyrl 0.3.0 rejects seeds >= 2**31 (400). "
-    "Remove this marker once the pipeline's sampling seeds fit in int32.",
-    strict=False,
-)
 async def test_pipeline_sampling_seeds_fit_int32(skyrl_server: SkyRLServer) -> None:
     """The seeds the pipeline sends must be accepted by a self-hosted server.
 
-    skyrl 0.3.0 answers 400 ("out of bounds for int32") to a seed >= 2**31, so a
-    run whose rollouts use :func:`trio_rl.determinism.derive_seed` seeds fails
-    at its first sample. This checks the seed the pipeline would give the first
-    rollout of a run with seed 0 against the real server.
+    skyrl 0.3.0 answers 400 ("out of bounds for int32") to a seed >= 2**31, so
+    a run whose rollout seeds were wider failed at its first sample. This sends
+    the seed the pipeline gives the first rollout of a run with seed 0.
     """
     from trio_rl.determinism import derive_seed
     from trio_rl.rollouts import SamplingPolicy
