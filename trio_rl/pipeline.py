@@ -663,13 +663,22 @@ def default_num_workers(config: Config, groups_per_step: int) -> int:
     return max(1, groups_per_step * (k + 1))
 
 
+def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:
+    if "loss:sum" in output.metrics:
+        return output.metrics["loss:sum"]
+    # Some Tinker-compatible servers (SkyRL) report only per-token losses.
+    return sum(
+        float(out["elementwise_loss"].to_numpy().sum()) for out in output.loss_fn_outputs if "elementwise_loss" in out
+    )
+
+
 def _result_metrics(results: Sequence[Any]) -> Metrics:
     """``train/loss:sum`` over the step's forward_backward calls and the optimizer's metrics."""
     metrics: Metrics = {}
     loss = 0.0
     for result in results:
         if isinstance(result, tinker_types.ForwardBackwardOutput):
-            loss += result.metrics.get("loss:sum", 0.0)
+            loss += _loss_sum(result)
         elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
             metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
     metrics["train/loss:sum"] = loss
