@@ -58,13 +58,3 @@ async def test_optim_step_is_submitted_before_forward_backward_is_awaited(
         assert training[i - 1].kind == "forward_backward"
         assert training[i - 1].time == training[i].time
 
-
-def test_step_loss_falls_back_to_per_token_losses() -> None:
-    from trio_rl import _tinker_compat as compat
-    from trio_rl.pipeline import _result_metrics
-
-    with_sum = compat.forward_backward_output([], {"loss:sum": 2.5})
-    per_token = compat.forward_backward_output(
-        [{"elementwise_loss": compat.tensor([0.5, 0.25], "float32")}, {"elementwise_loss": compat.tensor([1.0], "float32")}], {}
-    )
-    assert _result_metrics([with_sum, per_token])["train/loss:sum"] == 2.5 + 1.75
