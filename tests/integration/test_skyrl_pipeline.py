@@ -473,11 +473,6 @@ async def test_pipeline_sampling_seeds_fit_int32(skyrl_server: SkyRLServer) -> N
                 )
 
 
-@pytest.mark.xfail(
-    reason="the pipeline sums the 'loss:sum' metric, which SkyRL does not send, so train/loss:sum reads 0.0; "
-    "it should fall back to summing loss_fn_outputs['elementwise_loss']. Remove this marker once it does.",
-    strict=False,
-)
 async def test_step_loss_is_reported_without_a_loss_sum_metric(skyrl_server: SkyRLServer, tmp_path: Path) -> None:
     """SkyRL returns per-token losses only; the step's loss must still reach metrics.jsonl."""
     tokenizer = await server_tokenizer(skyrl_server)
