@@ -393,14 +393,15 @@ class _Outcome:
 
 
 async def _watch_for_ctrl_c(run_scope: trio.CancelScope, outcome: _Outcome, out: IO[str], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Turn the first SIGINT into a cancel of the run; a second one aborts at once."""
+    """Turn the first SIGINT into a cancel of the run; a second one raises KeyboardInterrupt
+    (the save already under way still runs, bounded by ``Config.cancel_save_timeout``)."""
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         task_status.started()
         async for _ in signals:
             if outcome.interrupted:
                 raise KeyboardInterrupt
             outcome.interrupted = True
-            out.write("\ninterrupted: saving the last completed step (Ctrl-C again to quit without waiting)\n")
+            out.write("\ninterrupted: saving the last completed step\n")
             out.flush()
             run_scope.cancel()
 
