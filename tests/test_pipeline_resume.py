@@ -37,3 +37,11 @@ async def test_resume_continues_at_the_saved_step_with_outstanding_work_first(
     assert made[: len(outstanding)] == outstanding
     steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")]
     assert steps == sorted(set(steps)) == list(range(second.final_step + 1))
+
+
+async def test_max_steps_counts_the_steps_before_a_resume(log_path: Path, autojump_clock: MockClock) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, "sync", max_steps=2), FakeDataset(6, 4), backend)
+    resumed = await run_fake(make_config(log_path, "sync", max_steps=5, resume=True), FakeDataset(6, 4), backend)
+    assert [r["step"] for r in resumed.step_metrics] == [2, 3, 4]
+    assert resumed.final_step == 5 and resumed.stopped_by_max_steps

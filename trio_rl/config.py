@@ -63,7 +63,8 @@ class Config:
         num_substeps: optimizer steps per training step (the batch is split evenly).
         eval_every: evaluate the weights of every ``eval_every``-th step (0: only the final weights).
         save_every: save state every ``save_every`` steps (0: only the final state).
-        max_steps: stop after this many training steps (None: when the data runs out).
+        max_steps: stop once this many training steps are done, counting those before a
+            resume (None: when the data runs out).
         remove_constant_reward_groups: drop groups whose rewards are all equal.
         kl_penalty_coef: reserved; a nonzero value is rejected until a reference model is supported.
         seed: seed from which every rollout's randomness derives.

@@ -415,7 +415,9 @@ class Trainer:
         return TrainerOutcome(final_step=self.step, stopped_by_max_steps=stopped)
 
     def _max_steps_reached(self) -> bool:
-        return self.config.max_steps is not None and self.step - self.ctx.start_step >= self.config.max_steps
+        # Counted from the start of training, so a resumed run stops where the
+        # original one would have.
+        return self.config.max_steps is not None and self.step >= self.config.max_steps
 
     # ---- modes
 
