@@ -131,14 +131,10 @@ class Config:
             grad_clip_norm=self.grad_clip_norm,
         )
 
-    def sampling_params(self, seed: int) -> tinker_types.SamplingParams:
-        """Sampling parameters for one rollout turn; ``seed`` makes it reproducible."""
+    def sampling_params(self) -> tinker_types.SamplingParams:
+        """Sampling parameters for rollouts; each turn adds its own seed and stop condition."""
         return tinker_types.SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=seed,
+            max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -160,6 +160,10 @@ class RunContext:
     stats: RunStats = field(default_factory=RunStats)
     groups_per_step: int = 0
 
+    def __post_init__(self) -> None:
+        # Built once: validating a SamplingParams for every rollout showed up in profiles.
+        self.sampling_params = self.config.sampling_params()
+
     @property
     def staleness_limit(self) -> int:
         ac = self.config.async_config
@@ -302,8 +306,7 @@ async def run_work_item(ctx: RunContext, item: WorkItem) -> FinishedGroup:
         item_seed = (config.seed, item.key.batch, item.key.group, item.attempt)
 
         def policy_for(env_index: int, attempt: int) -> TokenPolicy:
-            seed = derive_seed(*item_seed, env_index, attempt)
-            return SamplingPolicy(client, config.sampling_params(seed), seed)
+            return SamplingPolicy(client, ctx.sampling_params, derive_seed(*item_seed, env_index, attempt))
 
         group = await rollout_group(item.builder, envs, policy_for, config.error_strategy)
     # Advantages are centred within the group, so its data can be built here,

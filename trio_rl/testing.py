@@ -302,7 +302,7 @@ class FakeEnv(Env):
         self.log = log
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
-        return tinker_types.ModelInput.from_ints(list(self.tokens)), [0]
+        return compat.model_input_from_ints(list(self.tokens)), [0]
 
     async def step(self, action: list[int]) -> StepResult:
         spec = self.spec
@@ -323,7 +323,7 @@ class FakeEnv(Env):
         return StepResult(
             reward=reward / spec.turns,
             episode_done=done,
-            next_observation=tinker_types.ModelInput.from_ints(list(self.tokens)),
+            next_observation=compat.model_input_from_ints(list(self.tokens)),
             next_stop_condition=[0],
             metrics={"even_frac": reward},
         )

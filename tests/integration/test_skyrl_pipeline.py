@@ -462,7 +462,7 @@ async def test_pipeline_sampling_seeds_fit_int32(skyrl_server: SkyRLServer) -> N
                 base_model=skyrl_server.base_model, lora_rank=LORA_RANK, seed=0
             )
             sampler = await client.save_weights_for_sampler("seed-check")
-            policy = SamplingPolicy(sampler, config.sampling_params(seed), seed)
+            policy = SamplingPolicy(sampler, config.sampling_params(), seed)
             prompt = tinker_types.ModelInput.from_ints(tokenizer.encode("What is 1 + 1? Answer:"))
             try:
                 await policy(prompt, [skyrl_server.eos_token_id])
