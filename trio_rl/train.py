@@ -221,6 +221,9 @@ async def _run_stages(ctx: RunContext, nursery: trio.Nursery) -> Any:
     config = ctx.config
     evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
     items_send, items_recv = trio.open_memory_channel[WorkItem](0)
+    # Unbounded so that a worker never idles waiting for the trainer to take its
+    # group; admission already bounds what can pile up here (one batch in sync
+    # modes, groups_per_batch * (K + 1) started groups in async ones).
     groups_send, groups_recv = trio.open_memory_channel[FinishedGroup](math.inf)
     requeue = config.async_config is not None and config.async_config.staleness == "requeue"
     # The back edge of a cycle must never block: the trainer sends, the
