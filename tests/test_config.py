@@ -49,7 +49,7 @@ async def test_retries_need_builders_that_make_one_env(tmp_path: Path, autojump_
             class NoMakeEnv(FakeEnvGroupBuilder):
                 make_env = FakeEnvGroupBuilder.__mro__[1].make_env  # the base class's: not implemented
 
-            return [NoMakeEnv((index, g), self.spec, self.log) for g in range(self.batch_size)]
+            return [NoMakeEnv((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
 
     config = Config(log_path=tmp_path / "run", error_strategy=RetryOnFailure(max_retries=1))
     with pytest.raises(ConfigError, match="make_env") as info:

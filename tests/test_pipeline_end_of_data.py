@@ -87,3 +87,11 @@ async def test_an_empty_dataset_trains_nothing_and_still_saves(log_path: Path, m
     result = await run_fake(make_config(log_path, mode), FakeDataset(num_batches=0, batch_size=4))
     assert result.final_step == 0 and result.step_metrics == []
     assert result.checkpoint is not None and result.checkpoint.step == 0
+
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+async def test_sync_steps_follow_uneven_dataset_batches(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    result = await run_fake(make_config(log_path, mode), FakeDataset(batch_sizes=[4, 2, 6]))
+    assert [m["progress/groups"] for m in result.step_metrics] == [4, 2, 6]
+    assert result.summary["run/trained_groups"] == 12

@@ -443,7 +443,8 @@ class Trainer:
                 return ready, True
 
     def _expected_groups(self, step: int) -> int:
-        if self.config.mode == "sync":
+        if self.config.mode in ("sync", "stream"):
+            # Step s is dataset batch s, whatever its size.
             return len(self.ctx.dataset.get_batch(step)) if step < len(self.ctx.dataset) else 0
         return self.ctx.groups_per_step
 
@@ -478,10 +479,10 @@ class Trainer:
         while not self._max_steps_reached():
             started = time.perf_counter()
             expected = self._expected_groups(self.step)
-            minibatch_size = expected // num_minibatches
             taken: list[FinishedGroup] = []
             submitted: list[PendingResult[Any]] = []
-            for index in range(num_minibatches):
+            sizes = [len(part) for part in split_evenly(range(expected), num_minibatches)]
+            for index, minibatch_size in enumerate(sizes):
                 await self._collect(by_step, minibatch_size)
                 if not self._data_ended:
                     # Which groups fill this minibatch must not depend on which
@@ -620,7 +621,7 @@ class Trainer:
         versions = [g.version for g in groups]
         metrics: Metrics = {
             "progress/groups": len(groups),
-            # Only the end of data makes a step smaller than a full batch.
+            # Smaller than the run's batch size: the end of data, or a short dataset batch.
             "progress/partial_batch": int(len(groups) < self.ctx.groups_per_step),
             "sampling_client/step_min": min(versions),
             "sampling_client/step_max": max(versions),

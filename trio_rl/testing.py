@@ -371,44 +371,48 @@ class FakeEnvGroupBuilder(EnvGroupBuilder):
 class FakeDataset(RLDataset):
     """``num_batches`` batches of ``batch_size`` fake groups; the last may be smaller.
 
+    Args:
+        batch_sizes: every batch's size, instead of ``num_batches``/``batch_size``/``last_batch_size``.
+
     Attributes:
         log: what the fake envs did (``make_envs``, ``cleanup``, ``hang``).
     """
 
     def __init__(
         self,
-        num_batches: int,
-        batch_size: int,
+        num_batches: int = 0,
+        batch_size: int = 0,
         spec: FakeEnvSpec | None = None,
         *,
         last_batch_size: int | None = None,
+        batch_sizes: Sequence[int] | None = None,
         tags: Callable[[int, int], Sequence[str]] = lambda b, g: ("even" if g % 2 == 0 else "odd",),
     ) -> None:
-        self.num_batches = num_batches
-        self.batch_size = batch_size
-        self.last_batch_size = batch_size if last_batch_size is None else last_batch_size
+        if batch_sizes is None:
+            last = batch_size if last_batch_size is None else last_batch_size
+            batch_sizes = [batch_size] * max(0, num_batches - 1) + [last] * min(1, num_batches)
+        self.batch_sizes = list(batch_sizes)
         self.spec = spec or FakeEnvSpec()
         self.tags = tags
         self.log: list[str] = []
         self._builders: dict[tuple[int, int], FakeEnvGroupBuilder] = {}
 
     def __len__(self) -> int:
-        return self.num_batches
+        return len(self.batch_sizes)
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        if not 0 <= index < self.num_batches:
-            raise IndexError(f"batch {index} out of range for {self.num_batches} batches")
-        size = self.last_batch_size if index == self.num_batches - 1 else self.batch_size
+        if not 0 <= index < len(self.batch_sizes):
+            raise IndexError(f"batch {index} out of range for {len(self.batch_sizes)} batches")
         # The same builder object each time, so tests can inspect its attempts.
         return [
             self._builders.setdefault((index, g), FakeEnvGroupBuilder((index, g), self.spec, self.log, self.tags(index, g)))
-            for g in range(size)
+            for g in range(self.batch_sizes[index])
         ]
 
     @property
     def total_groups(self) -> int:
         """Groups in the whole dataset."""
-        return max(0, self.num_batches - 1) * self.batch_size + (self.last_batch_size if self.num_batches else 0)
+        return sum(self.batch_sizes)
 
 
 class FakeEvaluator:
