@@ -26,29 +26,22 @@ class InjectedCrash(Exception):
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict:
     mode = draw(st.sampled_from(["sync", "stream", "requeue", "pace"]))
-    batch_size = draw(st.integers(1, 6))
-    num_batches = draw(st.integers(0, 6))
-    last_batch_size = draw(st.integers(1, batch_size))
-    groups_per_batch = draw(st.integers(1, 7))
-    crash = draw(
-        st.none()
-        | st.tuples(
-            st.integers(0, max(0, num_batches - 1)),
-            st.integers(0, max(0, last_batch_size - 1)),
-            st.sampled_from(["make_envs", "step", "compute_group_rewards"]),
-        )
-    )
+    batch_sizes = draw(st.lists(st.integers(1, 6), min_size=0, max_size=6))
+    crash = None
+    if batch_sizes and draw(st.booleans()):
+        batch = draw(st.integers(0, len(batch_sizes) - 1))
+        group = draw(st.integers(0, batch_sizes[batch] - 1))
+        crash = (batch, group, draw(st.sampled_from(["make_envs", "step", "compute_group_rewards"])))
+    first = batch_sizes[0] if batch_sizes else 1
     return {
         "mode": mode,
-        "num_batches": num_batches,
-        "batch_size": batch_size,
-        "last_batch_size": last_batch_size if mode != "stream" else batch_size,
+        "batch_sizes": batch_sizes,
         "group_size": draw(st.integers(1, 4)),
         "turns": draw(st.integers(1, 3)),
         "workers": draw(st.none() | st.integers(1, 9)),
         "k": draw(st.integers(0, 3)),
-        "groups_per_batch": groups_per_batch,
-        "num_minibatches": draw(st.sampled_from([d for d in range(1, batch_size + 1) if batch_size % d == 0])),
+        "groups_per_batch": draw(st.integers(1, 7)),
+        "num_minibatches": draw(st.sampled_from([d for d in range(1, first + 1) if first % d == 0])),
         "latencies": draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=3, max_size=3)),
         "step_latency": draw(st.sampled_from([0.0, 0.25, 2.0])),
         "crash": crash,
@@ -62,18 +55,14 @@ def build(s: dict, log_path: Path) -> tuple[Config, FakeDataset, FakeBackend]:
     if mode in ("requeue", "pace"):
         extra["async_config"] = AsyncConfig(s["k"], s["groups_per_batch"], staleness=mode)
     elif mode == "stream":
-        extra["stream_minibatch_config"] = StreamMinibatchConfig(s["batch_size"], s["num_minibatches"])
+        first = s["batch_sizes"][0] if s["batch_sizes"] else 1
+        extra["stream_minibatch_config"] = StreamMinibatchConfig(first, s["num_minibatches"])
     config = Config(log_path=log_path, num_workers=s["workers"], seed=s["seed"], eval_every=0, save_every=0, **extra)
-    fail_at = {}
-    if s["crash"] is not None and s["crash"][0] < s["num_batches"]:
-        batch, group, where = s["crash"]
-        size = s["last_batch_size"] if batch == s["num_batches"] - 1 else s["batch_size"]
-        if group < size:
-            fail_at[(batch, group)] = where
+    fail_at = {} if s["crash"] is None else {s["crash"][:2]: s["crash"][2]}
     spec = FakeEnvSpec(
         group_size=s["group_size"], turns=s["turns"], step_latency=s["step_latency"], fail_at=fail_at, error=InjectedCrash
     )
-    dataset = FakeDataset(s["num_batches"], s["batch_size"], spec, last_batch_size=s["last_batch_size"])
+    dataset = FakeDataset(spec=spec, batch_sizes=s["batch_sizes"])
     sample, train_latency, optim = s["latencies"]
     backend = FakeBackend(
         seed=s["seed"],
