@@ -45,3 +45,15 @@ async def test_max_steps_counts_the_steps_before_a_resume(log_path: Path, autoju
     resumed = await run_fake(make_config(log_path, "sync", max_steps=5, resume=True), FakeDataset(6, 4), backend)
     assert [r["step"] for r in resumed.step_metrics] == [2, 3, 4]
     assert resumed.final_step == 5 and resumed.stopped_by_max_steps
+
+
+async def test_the_last_checkpoint_is_marked_final_even_when_saved_periodically(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    result = await run_fake(make_config(log_path, "sync", save_every=2), FakeDataset(4, 4), backend)
+    records = [(c.step, c.reason, c.final) for c in CheckpointLog(log_path).all()]
+    assert records == [(2, "periodic", False), (4, "periodic", False), (4, "final", True)]
+    # The final record points at the state saved at step 4; it was not saved twice.
+    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["step_000002", "step_000004"]
+    assert result.checkpoint is not None and result.checkpoint.final and result.checkpoint.step == 4

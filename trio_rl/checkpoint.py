@@ -44,14 +44,20 @@ class CheckpointLog:
         with self.path.open("a") as f:
             f.write(json.dumps(asdict(checkpoint)) + "\n")
 
+    def all(self) -> list[Checkpoint]:
+        """Every checkpoint recorded, oldest first."""
+        if not self.path.exists():
+            return []
+        return [_parse(line) for line in self.path.read_text().splitlines() if line.strip()]
+
     def last(self) -> Checkpoint | None:
         """The newest checkpoint recorded, or None."""
-        if not self.path.exists():
-            return None
-        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
-        if not lines:
-            return None
-        raw = json.loads(lines[-1])
-        raw["cursor"] = tuple(raw["cursor"])
-        raw["outstanding"] = [tuple(item) for item in raw["outstanding"]]
-        return Checkpoint(**raw)
+        checkpoints = self.all()
+        return checkpoints[-1] if checkpoints else None
+
+
+def _parse(line: str) -> Checkpoint:
+    raw = json.loads(line)
+    raw["cursor"] = tuple(raw["cursor"])
+    raw["outstanding"] = [tuple(item) for item in raw["outstanding"]]
+    return Checkpoint(**raw)

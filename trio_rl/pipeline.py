@@ -371,7 +371,7 @@ class Trainer:
         self.requeue_send = requeue_send
         self.step = ctx.start_step
         self.run_started = time.perf_counter()
-        self._last_saved_step: int | None = None
+        self._last_saved: tuple[int, str] | None = None
         self._last_evaluated: int | None = None
         self._data_ended = False
         self._grads_pending = False
@@ -413,8 +413,7 @@ class Trainer:
             },
         )
         await self._maybe_evaluate(self.step, final=True)
-        if self._last_saved_step != self.step:
-            await self._save(final=True, reason="final")
+        await self._save(final=True, reason="final")
         return TrainerOutcome(final_step=self.step, stopped_by_max_steps=stopped)
 
     def _max_steps_reached(self) -> bool:
@@ -636,7 +635,12 @@ class Trainer:
 
     async def _save(self, *, final: bool, reason: str) -> None:
         name = f"step_{self.step:06d}"
-        path = await self.ctx.training_client.save_state(name)
+        # The weights of a step saved periodically are still the final ones:
+        # record that state again as final rather than save it twice.
+        if self._last_saved is not None and self._last_saved[0] == self.step:
+            path = self._last_saved[1]
+        else:
+            path = await self.ctx.training_client.save_state(name)
         ledger = self.ctx.ledger
         self.ctx.checkpoints.append(
             Checkpoint(
@@ -649,7 +653,7 @@ class Trainer:
                 reason=reason,
             )
         )
-        self._last_saved_step = self.step
+        self._last_saved = (self.step, path)
 
     async def _maybe_evaluate(self, version: int, *, final: bool = False) -> None:
         if not self.ctx.evaluators or self._last_evaluated == version:
