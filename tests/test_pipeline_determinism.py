@@ -12,6 +12,7 @@ import trio.testing
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl.determinism import derive_seed
+from trio_rl.metrics import WALL_TIME_PREFIX
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 
 
@@ -31,7 +32,7 @@ def run_once(log_path: Path, mode: str, seed: int) -> list[dict[str, Any]]:
         await run_fake(config, dataset, backend, evaluators=(FakeEvaluator(latency=0.3),))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(log_path / "metrics.jsonl")]
+    return [{k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)} for r in read_jsonl(log_path / "metrics.jsonl")]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,10 +13,6 @@ from .types import Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
 
-RL_LOSS_INPUTS = ("target_tokens", "logprobs", "advantages")
-"""The ``loss_fn_inputs`` the RL losses read, and all that is sent with them."""
-
-
 def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     """Group-centred advantages: each trajectory's total reward minus its group's mean."""
     advantages: list[list[float]] = []
