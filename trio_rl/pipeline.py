@@ -134,7 +134,6 @@ class RunStats:
     dropped_stale: int = 0
     trained_groups: int = 0
     filtered_groups: int = 0
-    rollout_errors: int = 0
 
     def started(self) -> None:
         self.in_flight += 1
