@@ -8,7 +8,7 @@ fakes for tests in :mod:`trio_rl.testing`.
 
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
-from .errors import ConfigError, GroupFailedError
+from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
 from .metrics import trajectory_metrics
 from .rollouts import (
@@ -44,6 +44,7 @@ __all__ = [
     "ConfigError",
     "Env",
     "EnvGroupBuilder",
+    "EvaluationTimeoutError",
     "ErrorStrategy",
     "FailFast",
     "GroupFailedError",

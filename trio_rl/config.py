@@ -11,6 +11,7 @@ from tinker import types as tinker_types
 
 from .errors import ConfigError
 from .rollouts import ErrorStrategy, FailFast
+from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
 LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
 
@@ -75,6 +76,10 @@ class Config:
         resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
         save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
+            A step that had already submitted work when the cancel came is completed
+            first (its requests cannot be taken back), so the state and its record agree.
+        eval_timeout: seconds one evaluator may take on one set of weights; a slower
+            one ends the run with :class:`~trio_rl.errors.EvaluationTimeoutError`.
     """
 
     log_path: Path | str
@@ -107,6 +112,7 @@ class Config:
     resume: bool = False
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
+    eval_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_path", Path(self.log_path))
@@ -119,6 +125,22 @@ class Config:
         if self.stream_minibatch_config is not None:
             return "stream"
         return "sync"
+
+    def schedule(self, dataset_batch_size: int) -> Schedule:
+        """The schedule of the mode this configuration selects.
+
+        Args:
+            dataset_batch_size: groups in the dataset's first batch; sync and stream
+                steps follow each batch's own size, this only names the usual one.
+        """
+        if self.async_config is not None:
+            ac = self.async_config
+            policy = Pace if ac.staleness == "pace" else Requeue
+            return policy(ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy)
+        if self.stream_minibatch_config is not None:
+            sc = self.stream_minibatch_config
+            return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
+        return Sync(max(1, dataset_batch_size), self.num_substeps)
 
     def adam_params(self) -> tinker_types.AdamParams:
         """The ``AdamParams`` sent with every ``optim_step``."""
@@ -166,6 +188,7 @@ class Config:
         if self.temperature < 0:
             raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
         _positive("num_substeps", self.num_substeps, "1 or more")
+        _positive("eval_timeout", self.eval_timeout, "seconds, such as 1800")
         _non_negative("eval_every", self.eval_every, "0 disables periodic evaluation")
         _non_negative("save_every", self.save_every, "0 saves only the final state")
         if self.max_steps is not None:
@@ -206,7 +229,7 @@ class Config:
                     "stream_minibatch_config.groups_per_batch",
                     f"is {sc.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
                 )
-        if self.mode == "sync" and dataset_batch_size is not None:
+        if self.async_config is None and self.stream_minibatch_config is None and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
         if self.load_checkpoint_path is not None and self.resume:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
