@@ -6,7 +6,7 @@ import trio
 
 
 class ConsumptionGate:
-    """Counts groups the trainer has consumed (taken into a step, or dropped).
+    """Counts groups the trainer has consumed: trained (its step's weights published), requeued or dropped.
 
     The trainer is its only writer. The dataloader waits on it to bound what is
     handed out but not yet consumed: an item is handed out once ``consumed``

@@ -151,6 +151,7 @@ async def run_pipeline(
             runner=runner,
             ledger=ledger,
             checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger),
+            gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
             metrics=metrics,
             stop_rollouts=rollouts_scope,
@@ -440,6 +441,7 @@ class Trainer:
         runner: StepRunner,
         ledger: DataLedger,
         checkpoints: CheckpointKeeper,
+        gate: ConsumptionGate,
         evals: _EvalRequests,
         metrics: MetricsLog,
         stop_rollouts: trio.CancelScope,
@@ -450,6 +452,7 @@ class Trainer:
         self._runner = runner
         self._ledger = ledger
         self._checkpoints = checkpoints
+        self._gate = gate
         self._evals = evals
         self._metrics = metrics
         self._stop_rollouts = stop_rollouts
@@ -487,6 +490,9 @@ class Trainer:
             if done is None:
                 return False
             self._record(done)
+            # Only now, with the step's weights published, may more work start:
+            # it starts on those weights rather than on ones already stale.
+            self._gate.consume(len(done.taken))
             every = self._settings.save_every
             if every and self.step % every == 0:
                 await self._checkpoints.save(self.step, final=False, reason="periodic")

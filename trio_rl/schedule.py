@@ -209,7 +209,7 @@ class Sync(Schedule):
         ledger: DataLedger,
         requeue: trio.MemorySendChannel[WorkItem] | None,
     ) -> StepPlanner:
-        return FixedStepPlanner(inbox, gate, self.num_substeps)
+        return FixedStepPlanner(inbox, self.num_substeps)
 
 
 class Pace(Schedule):
@@ -234,7 +234,7 @@ class Pace(Schedule):
         ledger: DataLedger,
         requeue: trio.MemorySendChannel[WorkItem] | None,
     ) -> StepPlanner:
-        return FixedStepPlanner(inbox, gate, self.num_substeps)
+        return FixedStepPlanner(inbox, self.num_substeps)
 
 
 class Stream(Sync):
@@ -254,7 +254,7 @@ class Stream(Sync):
         ledger: DataLedger,
         requeue: trio.MemorySendChannel[WorkItem] | None,
     ) -> StepPlanner:
-        return StreamStepPlanner(inbox, gate, self.num_minibatches, self.num_substeps)
+        return StreamStepPlanner(inbox, self.num_minibatches, self.num_substeps)
 
 
 class Requeue(Schedule):
@@ -287,9 +287,8 @@ class Requeue(Schedule):
 class FixedStepPlanner(StepPlanner):
     """Sync and Pace: step ``s`` trains exactly the items admitted for it."""
 
-    def __init__(self, inbox: GroupInbox, gate: ConsumptionGate, num_substeps: int) -> None:
+    def __init__(self, inbox: GroupInbox, num_substeps: int) -> None:
         self._inbox = inbox
-        self._gate = gate
         self._num_substeps = num_substeps
         self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
 
@@ -301,10 +300,7 @@ class FixedStepPlanner(StepPlanner):
             assert isinstance(delivery, FinishedGroup) and delivery.item.step is not None
             self._by_step[delivery.item.step].append(delivery)
         groups = sorted(self._by_step.pop(step, []), key=lambda g: g.item.order)
-        if not groups:
-            return None
-        self._gate.consume(len(groups))
-        return FixedStepPlan(groups, self._num_substeps)
+        return FixedStepPlan(groups, self._num_substeps) if groups else None
 
     def _complete(self, step: int) -> bool:
         groups = self._by_step.get(step)
@@ -314,9 +310,8 @@ class FixedStepPlanner(StepPlanner):
 class StreamStepPlanner(StepPlanner):
     """Stream: a step's minibatches fill from its batch's groups in arrival order."""
 
-    def __init__(self, inbox: GroupInbox, gate: ConsumptionGate, num_minibatches: int, num_substeps: int) -> None:
+    def __init__(self, inbox: GroupInbox, num_minibatches: int, num_substeps: int) -> None:
         self._inbox = inbox
-        self._gate = gate
         self._num_minibatches = num_minibatches
         self._per_substep = max(1, num_minibatches // num_substeps)
         self.by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
@@ -351,7 +346,6 @@ class StreamStepPlanner(StepPlanner):
             self._add(delivery)
         pool = sorted(self.by_step[step], key=lambda g: g.item.order)
         taken, self.by_step[step] = pool[:size], pool[size:]
-        self._gate.consume(len(taken))
         return taken
 
     def optim_after(self, index: int) -> bool:
@@ -418,10 +412,7 @@ class RequeueStepPlanner(StepPlanner):
             if self._inbox.ended or self._fresh >= self._groups_per_step:
                 break
         batch = self._take_oldest(self._groups_per_step)
-        if not batch:
-            return None
-        self._gate.consume(len(batch))
-        return FixedStepPlan(batch, self._num_substeps)
+        return FixedStepPlan(batch, self._num_substeps) if batch else None
 
     def _add(self, delivery: Delivery, step: int) -> None:
         if isinstance(delivery, AbandonedGroup) or step - delivery.version > self._limit:
@@ -444,11 +435,12 @@ class RequeueStepPlanner(StepPlanner):
         except trio.BrokenResourceError:
             self.dropped_stale += 1
             self._ledger.retire([item.key])
-            self._gate.consume(1)
         else:
-            # A requeued item keeps its place among those not yet consumed.
             self.requeued += 1
-            self._gate.nudge()
+        # Either way its admission slot is free again; a requeued item is handed
+        # out again ahead of fresh ones and needs none. (A straggler that kept
+        # its slot through every retry would, with a few more, starve the run.)
+        self._gate.consume(1)
 
     def _take_oldest(self, count: int) -> list[FinishedGroup]:
         batch: list[FinishedGroup] = []
