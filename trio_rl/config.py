@@ -29,6 +29,23 @@ class StreamMinibatchConfig:
     groups_per_batch: int
     num_minibatches: int
 
+    def validate(self, num_substeps: int, dataset_batch_size: int | None) -> None:
+        """Reject sizes that cannot split evenly, or that differ from the dataset's batches."""
+        _positive("stream_minibatch_config.groups_per_batch", self.groups_per_batch, "at least 1")
+        _positive("stream_minibatch_config.num_minibatches", self.num_minibatches, "at least 1")
+        _divides(
+            "stream_minibatch_config.groups_per_batch",
+            self.groups_per_batch,
+            "stream_minibatch_config.num_minibatches",
+            self.num_minibatches,
+        )
+        _divides("stream_minibatch_config.num_minibatches", self.num_minibatches, "num_substeps", num_substeps)
+        if dataset_batch_size is not None and dataset_batch_size != self.groups_per_batch:
+            raise ConfigError(
+                "stream_minibatch_config.groups_per_batch",
+                f"is {self.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
+            )
+
 
 @dataclass(frozen=True)
 class AsyncConfig:
@@ -47,6 +64,15 @@ class AsyncConfig:
     max_steps_off_policy: int
     groups_per_batch: int
     staleness: Literal["requeue", "pace"] = "requeue"
+
+    def validate(self, num_substeps: int) -> None:
+        """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split."""
+        if self.max_steps_off_policy < 0:
+            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
+        _positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
+        if self.staleness not in ("requeue", "pace"):
+            raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {self.staleness!r}")
+        _divides("async_config.groups_per_batch", self.groups_per_batch, "num_substeps", num_substeps)
 
 
 @dataclass(frozen=True)
@@ -204,31 +230,9 @@ class Config:
                 "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"
             )
         if self.async_config is not None:
-            ac = self.async_config
-            if ac.max_steps_off_policy < 0:
-                raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {ac.max_steps_off_policy}")
-            _positive("async_config.groups_per_batch", ac.groups_per_batch, "at least 1 group per step")
-            if ac.staleness not in ("requeue", "pace"):
-                raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {ac.staleness!r}")
-            _divides("async_config.groups_per_batch", ac.groups_per_batch, "num_substeps", self.num_substeps)
+            self.async_config.validate(self.num_substeps)
         if self.stream_minibatch_config is not None:
-            sc = self.stream_minibatch_config
-            _positive("stream_minibatch_config.groups_per_batch", sc.groups_per_batch, "at least 1")
-            _positive("stream_minibatch_config.num_minibatches", sc.num_minibatches, "at least 1")
-            _divides(
-                "stream_minibatch_config.groups_per_batch",
-                sc.groups_per_batch,
-                "stream_minibatch_config.num_minibatches",
-                sc.num_minibatches,
-            )
-            _divides(
-                "stream_minibatch_config.num_minibatches", sc.num_minibatches, "num_substeps", self.num_substeps
-            )
-            if dataset_batch_size is not None and dataset_batch_size != sc.groups_per_batch:
-                raise ConfigError(
-                    "stream_minibatch_config.groups_per_batch",
-                    f"is {sc.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
-                )
+            self.stream_minibatch_config.validate(self.num_substeps, dataset_batch_size)
         if self.async_config is None and self.stream_minibatch_config is None and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
         if self.load_checkpoint_path is not None and self.resume:

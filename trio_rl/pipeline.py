@@ -42,7 +42,7 @@ from .gate import ConsumptionGate
 from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
-from .schedule import GroupInbox, Position, Schedule, StepPlanner
+from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
 from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics
 from .training_step import StepRunner, TrainedStep
 from .types import EnvGroupBuilder, Metrics, RLDataset
@@ -147,7 +147,7 @@ async def run_pipeline(
         return await Trainer(
             trainer,
             inbox=inbox,
-            planner=schedule.planner(inbox, gate, ledger, requeue_send),
+            planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
             runner=runner,
             ledger=ledger,
             checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger),

@@ -146,6 +146,16 @@ class GroupInbox:
                 return ready
 
 
+@dataclass(frozen=True)
+class PlannerInputs:
+    """What a planner may use: the trainer's inbox, and for the back edge, the gate, ledger and requeue channel."""
+
+    inbox: GroupInbox
+    gate: ConsumptionGate
+    ledger: DataLedger
+    requeue: trio.MemorySendChannel[WorkItem] | None
+
+
 class Schedule(ABC):
     """What differs between training modes; built by :meth:`trio_rl.Config.schedule`.
 
@@ -174,13 +184,7 @@ class Schedule(ABC):
         """Which weights a fresh item may use, which step trains it, and when it may start."""
 
     @abstractmethod
-    def planner(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem] | None,
-    ) -> StepPlanner:
+    def planner(self, run: PlannerInputs) -> StepPlanner:
         """A fresh planner for one run's trainer."""
 
     def _async_bound(self, order: int) -> int:
@@ -202,14 +206,8 @@ class Sync(Schedule):
             min_version=step, step=step, step_size=position.batch_size, consumed_before=position.previous_batch_start
         )
 
-    def planner(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem] | None,
-    ) -> StepPlanner:
-        return FixedStepPlanner(inbox, self.num_substeps)
+    def planner(self, run: PlannerInputs) -> StepPlanner:
+        return FixedStepPlanner(run.inbox, self.num_substeps)
 
 
 class Pace(Schedule):
@@ -227,14 +225,8 @@ class Pace(Schedule):
             consumed_before=self._async_bound(position.order),
         )
 
-    def planner(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem] | None,
-    ) -> StepPlanner:
-        return FixedStepPlanner(inbox, self.num_substeps)
+    def planner(self, run: PlannerInputs) -> StepPlanner:
+        return FixedStepPlanner(run.inbox, self.num_substeps)
 
 
 class Stream(Sync):
@@ -247,14 +239,8 @@ class Stream(Sync):
         super().__init__(groups_per_step, num_substeps)
         self.num_minibatches = num_minibatches
 
-    def planner(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem] | None,
-    ) -> StepPlanner:
-        return StreamStepPlanner(inbox, self.num_minibatches, self.num_substeps)
+    def planner(self, run: PlannerInputs) -> StepPlanner:
+        return StreamStepPlanner(run.inbox, self.num_minibatches, self.num_substeps)
 
 
 class Requeue(Schedule):
@@ -273,15 +259,8 @@ class Requeue(Schedule):
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def planner(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem] | None,
-    ) -> StepPlanner:
-        assert requeue is not None
-        return RequeueStepPlanner(inbox, gate, ledger, requeue, self)
+    def planner(self, run: PlannerInputs) -> StepPlanner:
+        return RequeueStepPlanner(run, self)
 
 
 class FixedStepPlanner(StepPlanner):
@@ -379,18 +358,12 @@ class RequeueStepPlanner(StepPlanner):
     when the step advanced, never the whole pool.
     """
 
-    def __init__(
-        self,
-        inbox: GroupInbox,
-        gate: ConsumptionGate,
-        ledger: DataLedger,
-        requeue: trio.MemorySendChannel[WorkItem],
-        schedule: Requeue,
-    ) -> None:
-        self._inbox = inbox
-        self._gate = gate
-        self._ledger = ledger
-        self._requeue = requeue
+    def __init__(self, run: PlannerInputs, schedule: Requeue) -> None:
+        assert run.requeue is not None, "the Requeue schedule needs its back edge"
+        self._inbox = run.inbox
+        self._gate = run.gate
+        self._ledger = run.ledger
+        self._requeue = run.requeue
         self._groups_per_step = schedule.groups_per_step
         self._limit = schedule.staleness_limit
         self._num_substeps = schedule.num_substeps
