@@ -6,8 +6,11 @@ rollouts and error strategies, data processing, configuration, and the
 fakes for tests in :mod:`trio_rl.testing`.
 """
 
+from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
+from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
+from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
 from .metrics import trajectory_metrics
@@ -20,6 +23,7 @@ from .rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
+from .schedule import Pace, Requeue, Schedule, Stream, Sync
 from .train import RunHandle, TrainResult, run, train
 from .types import (
     Action,
@@ -40,33 +44,46 @@ from .types import (
 __all__ = [
     "Action",
     "AsyncConfig",
+    "Backend",
+    "CheckpointLog",
+    "CheckpointRecord",
     "Config",
     "ConfigError",
     "Env",
     "EnvGroupBuilder",
-    "EvaluationTimeoutError",
     "ErrorStrategy",
+    "EvaluationTimeoutError",
     "FailFast",
     "GroupFailedError",
     "Metrics",
     "MinViableGroup",
     "Observation",
+    "Pace",
+    "PendingResult",
     "RLDataset",
+    "Requeue",
     "RetryOnFailure",
     "RolloutError",
     "RunHandle",
+    "SamplingClient",
     "SamplingClientEvaluator",
     "SamplingPolicy",
+    "Schedule",
     "StepResult",
     "StopCondition",
+    "Stream",
     "StreamMinibatchConfig",
+    "Sync",
+    "Tokenizer",
     "TokensWithLogprobs",
     "TrainResult",
+    "TrainingClient",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",
     "assemble_training_data",
     "compute_advantages",
+    "derive_seed",
     "do_group_rollout",
     "do_single_rollout",
     "remove_constant_reward_groups",
