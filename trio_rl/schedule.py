@@ -196,8 +196,9 @@ class Schedule(ABC):
 class Sync(Schedule):
     """On-policy: dataset batch ``s`` samples from the weights of step ``s`` and is trained as step ``s``.
 
-    A batch is handed out once the previous one is complete, so its envs are
-    made while the previous step trains. An empty dataset batch has no step.
+    A batch is handed out as soon as the step before the previous one has
+    been trained, so its envs are made while the previous step collects and
+    trains. An empty dataset batch has no step.
     """
 
     def admit(self, position: Position, start_step: int) -> Admission:
