@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .backends.protocol import TrainingClient
+from .jsonl import DamagedFileError, read_records
 from .ledger import DataLedger
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
@@ -47,11 +48,13 @@ class CheckpointLog:
         with self.path.open("a") as f:
             f.write(json.dumps(asdict(checkpoint)) + "\n")
 
-    def all(self) -> list[CheckpointRecord]:
-        """Every checkpoint recorded, oldest first."""
-        if not self.path.exists():
-            return []
-        return [_parse(line) for line in self.path.read_text().splitlines() if line.strip()]
+    def all(self, *, repair: bool = False) -> list[CheckpointRecord]:
+        """Every checkpoint recorded, oldest first; a torn last line is ignored (and cut, with ``repair``).
+
+        Raises:
+            DamagedFileError: a record is malformed; the message names the file and line.
+        """
+        return [_parse(raw, self.path, n) for n, raw in enumerate(read_records(self.path, repair=repair), start=1)]
 
     def last(self) -> CheckpointRecord | None:
         """The newest checkpoint recorded, or None."""
@@ -59,11 +62,14 @@ class CheckpointLog:
         return checkpoints[-1] if checkpoints else None
 
 
-def _parse(line: str) -> CheckpointRecord:
-    raw = json.loads(line)
-    raw["cursor"] = tuple(raw["cursor"])
-    raw["outstanding"] = [tuple(item) for item in raw["outstanding"]]
-    return CheckpointRecord(**raw)
+def _parse(raw: dict[str, object], path: Path, number: int) -> CheckpointRecord:
+    try:
+        fields = dict(raw)
+        fields["cursor"] = tuple(fields["cursor"])  # type: ignore[arg-type]
+        fields["outstanding"] = [tuple(item) for item in fields.get("outstanding", [])]  # type: ignore[attr-defined]
+        return CheckpointRecord(**fields)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedFileError(f"{path}, record {number}: not a trio_rl checkpoint record ({exc!r})") from None
 
 
 class CheckpointKeeper:

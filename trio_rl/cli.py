@@ -38,7 +38,8 @@ from .checkpoint import CheckpointLog
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
-from .train import METRICS_FILE, RunHandle, TrainResult, train
+from .run_folder import METRICS_FILE
+from .train import RunHandle, TrainResult, train
 from .types import RLDataset
 
 EXIT_OK = 0

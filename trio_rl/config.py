@@ -99,7 +99,11 @@ class Config:
         error_strategy: what a failed rollout does to its group.
         stream_minibatch_config, async_config: select the mode (neither: sync on-policy).
         load_checkpoint_path: resume from this ``save_state`` path (see also ``resume``).
-        resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
+        resume: resume from the newest checkpoint recorded in ``log_path`` that loads, if
+            there is one; without it (or ``overwrite``), a ``log_path`` that already
+            holds a run is refused before any work.
+        overwrite: replace the run that ``log_path`` holds (its metrics, checkpoint log
+            and config; a backend's own files there are left alone).
         save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
             A step that had already submitted work when the cancel came is completed
@@ -136,6 +140,7 @@ class Config:
     async_config: AsyncConfig | None = None
     load_checkpoint_path: str | None = None
     resume: bool = False
+    overwrite: bool = False
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
     eval_timeout: float = 1800.0
@@ -237,6 +242,8 @@ class Config:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
         if self.load_checkpoint_path is not None and self.resume:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
 
 
 def _positive(name: str, value: float, fix: str) -> None:

@@ -16,14 +16,11 @@ from .config import Config
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
 from .metrics import MetricsLog, merge_by_step
+from . import run_folder
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
 from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
-from .work import ItemKey
-
-METRICS_FILE = "metrics.jsonl"
-
 
 @dataclass
 class RunHandle:
@@ -83,14 +80,6 @@ class TrainResult:
         return next(m for m in reversed(self.metrics) if "run/final_step" in m)
 
 
-def _drop_records_from(path: Path, step: int) -> None:
-    """Forget records of steps a resumed run will train again (and the old final record)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
-    path.write_text("".join(line + "\n" for line in kept))
-
-
 def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
     """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
@@ -143,35 +132,19 @@ async def train(
     first_batch = _check_before_work(config, dataset)
     schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
-    log_path.mkdir(parents=True, exist_ok=True)
+    run_folder.claim(config)
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
         async with trio.open_nursery() as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
-            resume_from = checkpoints.last() if config.resume else None
-            if resume_from is not None:
-                training_client = await backend.create_training_client_from_state(
-                    resume_from.state_path, with_optimizer=True
-                )
-                start_step = resume_from.step
-                ledger_start = (ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
-                _drop_records_from(log_path / METRICS_FILE, start_step)
-            else:
-                if config.load_checkpoint_path is not None:
-                    training_client = await backend.create_training_client_from_state(
-                        config.load_checkpoint_path, with_optimizer=False
-                    )
-                else:
-                    training_client = await backend.create_training_client(
-                        base_model=config.base_model, lora_rank=config.lora_rank, seed=config.seed
-                    )
-                start_step = 0
-                ledger_start = (ItemKey(0, 0), [])
-            (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
+            begin = await run_folder.start(config, backend, checkpoints)
+            training_client, start_step = begin.training_client, begin.step
+            ledger_start = (begin.cursor, begin.owed)
+            (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
-            metrics_log = MetricsLog(log_path / METRICS_FILE)
+            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
             outcome = await run_pipeline(
                 nursery,
