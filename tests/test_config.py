@@ -61,3 +61,26 @@ def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> 
     assert Config(log_path=tmp_path).mode == "sync"
     assert Config(log_path=tmp_path, async_config=AsyncConfig(1, 2)).mode == "async"
     assert Config(log_path=tmp_path, stream_minibatch_config=StreamMinibatchConfig(2, 1)).mode == "stream"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", 0),
+        ("lora_rank", 0),
+        ("adam_beta1", 1.0),
+        ("adam_beta2", -0.1),
+        ("adam_eps", 0.0),
+        ("weight_decay", -1.0),
+        ("grad_clip_norm", float("nan")),
+        ("eval_timeout", 0.0),
+        ("cancel_save_timeout", -1.0),
+        ("learning_rate", float("nan")),
+    ],
+)
+def test_out_of_range_numbers_are_rejected_naming_the_field(tmp_path: Path, field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        Config(log_path=tmp_path, **{field: value}).validate()

@@ -216,8 +216,17 @@ class Config:
             raise ConfigError("loss_fn", f"unknown loss {self.loss_fn!r}; use one of {', '.join(LOSS_FNS)}")
         _positive("learning_rate", self.learning_rate, "a positive float such as 1e-4")
         _positive("max_tokens", self.max_tokens, "a positive token count")
-        if self.temperature < 0:
-            raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
+        _non_negative("temperature", self.temperature, "0 samples greedily")
+        _in_range("top_p", self.top_p, 0.0, 1.0, "(0, 1]; 1 disables nucleus sampling", low_open=True)
+        if not (self.top_k == -1 or self.top_k >= 1):
+            raise ConfigError("top_k", f"must be -1 (disabled) or >= 1, got {self.top_k}")
+        _positive("lora_rank", self.lora_rank, "a positive rank such as 32")
+        _in_range("adam_beta1", self.adam_beta1, 0.0, 1.0, "[0, 1), such as 0.9", high_open=True)
+        _in_range("adam_beta2", self.adam_beta2, 0.0, 1.0, "[0, 1), such as 0.95", high_open=True)
+        _positive("adam_eps", self.adam_eps, "a small positive float such as 1e-8")
+        _non_negative("weight_decay", self.weight_decay, "0 disables it")
+        _non_negative("grad_clip_norm", self.grad_clip_norm, "0 disables clipping")
+        _positive("cancel_save_timeout", self.cancel_save_timeout, "seconds, such as 60")
         _positive("num_substeps", self.num_substeps, "1 or more")
         _positive("eval_timeout", self.eval_timeout, "seconds, such as 1800")
         _non_negative("eval_every", self.eval_every, "0 disables periodic evaluation")
@@ -252,8 +261,17 @@ def _positive(name: str, value: float, fix: str) -> None:
 
 
 def _non_negative(name: str, value: float, fix: str) -> None:
-    if value < 0:
+    if not value >= 0:  # also rejects NaN
         raise ConfigError(name, f"must be >= 0, got {value} ({fix})")
+
+
+def _in_range(
+    name: str, value: float, low: float, high: float, fix: str, *, low_open: bool = False, high_open: bool = False
+) -> None:
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):  # also rejects NaN
+        raise ConfigError(name, f"must be in {fix}, got {value}")
 
 
 def _divides(name: str, value: int, divisor_name: str, divisor: int) -> None:

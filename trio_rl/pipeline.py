@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from .checkpoint import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .data import assemble_training_data
 from .determinism import derive_seed, settle
 from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
+from .errors import NonFiniteError
 from .gate import ConsumptionGate
 from .ledger import DataLedger
 from .metrics import MetricsLog
@@ -172,6 +173,32 @@ async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> N
         raise
 
 
+@contextmanager
+def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Iterator[None]:
+    """Close ``channels`` when the block ends or is cancelled, but not when it raises.
+
+    Closing is how the end of data travels downstream. A stage that crashed has
+    not reached the end of its data: its channels stay open, so the stage
+    downstream waits until the crash's cancellation reaches it instead of
+    mistaking the crash for the end of data (and, say, training a partial step
+    and saving it as final).
+    """
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        _close_all(channels)
+        raise
+    else:
+        _close_all(channels)
+
+
+def _close_all(channels: Sequence[trio.abc.AsyncResource]) -> None:
+    for channel in channels:
+        channel.close()  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------- dataloader
 
 
@@ -278,7 +305,7 @@ async def dataloader(
                 break
         return taken
 
-    with pool, notes, requeue if requeue is not None else nullcontext():
+    with pool.closed_unless_crashed(), closed_unless_crashed(notes), requeue if requeue is not None else nullcontext():
         for entry in items:
             if isinstance(entry, ItemKey):
                 notes.send_nowait(Handout(None, entry))
@@ -357,14 +384,9 @@ class WorkerPool:
             )
         await send_downstream(self._items_send, item)
 
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # The workers hold clones; these originals only served to make them.
-        self._items_send.close()
-        self._items_recv.close()
-        self._groups_send.close()
+    def closed_unless_crashed(self) -> AbstractContextManager[None]:
+        """Close the pool's channel ends (the workers hold clones of them) when the dataloader is done."""
+        return closed_unless_crashed(self._items_send, self._items_recv, self._groups_send)
 
 
 # ---------------------------------------------------------------- rollouts
@@ -377,7 +399,7 @@ async def rollout_worker(
     weights: LatestWeights,
 ) -> None:
     """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
-    with items, groups:
+    with closed_unless_crashed(items, groups):
         async for item in items:
             await send_downstream(groups, await run_work_item(item, settings, weights))
 
@@ -402,10 +424,21 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
     if stale.cancelled_caught:
         return AbandonedGroup(item, version)
+    _check_finite_rewards(item, version, group.get_total_rewards())
     # Advantages are centred within the group, so its data can be built here,
     # while other groups are still sampling, instead of on the trainer's path.
     data = assemble_training_data([group], settings.loss_fn)
     return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
+
+
+def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:
+    bad = [(i, r) for i, r in enumerate(rewards) if not math.isfinite(r)]
+    if bad:
+        index, reward = bad[0]
+        raise NonFiniteError(
+            f"group {item.key.group} of dataset batch {item.key.batch} (sampled from the weights of step {version}) "
+            f"has a non-finite total reward {reward} for trajectory {index}; nothing was trained on it"
+        )
 
 
 # ---------------------------------------------------------------- trainer
@@ -514,6 +547,9 @@ class Trainer:
             empty_batches=self._ledger.empty_batches,
         )
         metrics = {**done.summary, **result_metrics(done.results), **count_metrics(self.counts)}
+        if not math.isfinite(metrics["train/loss:sum"]):
+            # Checked before anything is recorded or saved: the state is unusable.
+            raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")
         metrics["time/train"] = done.train_seconds
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1

@@ -255,7 +255,10 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
     leaves of one group.
     """
     try:
-        yield await builder.make_envs()
+        envs = await builder.make_envs()
+        if not envs:
+            raise ValueError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
+        yield envs
     except Exception as failure:
         cleanup_failure = await _cleanup(builder)
         if cleanup_failure is not None:

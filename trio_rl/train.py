@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import trio
 from .backends.protocol import Backend
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, one_per_fault
 from .evaluation import SamplingClientEvaluator
 from .metrics import MetricsLog, merge_by_step
 from . import run_folder
@@ -80,6 +81,17 @@ class TrainResult:
         return next(m for m in reversed(self.metrics) if "run/final_step" in m)
 
 
+@asynccontextmanager
+async def _one_error_per_fault() -> AsyncIterator[None]:
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        deduplicated = one_per_fault(group)
+        if deduplicated is group:
+            raise
+        raise deduplicated from None
+
+
 def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
     """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
@@ -136,7 +148,7 @@ async def train(
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        async with _one_error_per_fault(), trio.open_nursery() as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
             begin = await run_folder.start(config, backend, checkpoints)
             training_client, start_step = begin.training_client, begin.step
