@@ -44,7 +44,7 @@ from trio_rl import (
     Trajectory,
     derive_seed,
 )
-from trio_rl.cli import CommonArgs, LazyTokenizer, flag, make_backend, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, run_example
 
 ALPHABET = "0123456789+="
 """The LocalBackend tokenizer's characters: digits and the two operators, nothing else."""
@@ -57,20 +57,23 @@ ALPHABET = "0123456789+="
 class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
-    log_path: str = flag("runs/arithmetic", "run folder: metrics.jsonl, checkpoints, reward_curve.png")
-    mode: str = flag("async", "sync, stream or async")
-    staleness: str = flag("requeue", "async: requeue or pace")
-    max_steps_off_policy: int = flag(1, "async: K, how many steps stale a trained group may be")
-    groups_per_batch: int = flag(16, "problems per training step")
-    group_size: int = flag(16, "answers sampled per problem")
-    learning_rate: float = flag(1e-3, "Adam learning rate")
-    loss_fn: str = flag("importance_sampling", "importance_sampling, ppo, cispo or dro")
-    max_tokens: int = flag(1, "tokens per answer (LocalBackend: one digit; Tinker gets at least 4)")
-    max_steps: int = flag(600, "training steps")
-    eval_every: int = flag(50, "evaluate greedy accuracy every N steps")
-    save_every: int = flag(100, "save a resumable checkpoint every N steps")
-    max_sum: int = flag(9, "problems are a+b with a, b >= 0 and a+b <= max_sum (9: one-digit answers)")
-    near_miss_reward: float = flag(0.5, "most partial credit for a wrong number; shrinks to 0 at 5 away (0: none)")
+    log_path: str = "runs/arithmetic"
+    groups_per_batch: int = 16
+    """problems per training step"""
+    group_size: int = 16
+    """answers sampled per problem"""
+    max_tokens: int = 1
+    """tokens per answer (LocalBackend: one digit; Tinker gets at least 4)"""
+    max_steps: int = 600
+    """training steps"""
+    eval_every: int = 50
+    """evaluate greedy accuracy every N steps"""
+    save_every: int = 100
+    """save a resumable checkpoint every N steps"""
+    max_sum: int = 9
+    """problems are a+b with a, b >= 0 and a+b <= max_sum (9: one-digit answers)"""
+    near_miss_reward: float = 0.5
+    """most partial credit for a wrong number; shrinks to 0 at 5 away (0: none)"""
 
 
 # ---------------------------------------------------------------- the environment
@@ -227,19 +230,20 @@ class AccuracyEvaluator:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
-    """Parse flags, build the run, train; return the process exit code."""
-    args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
+def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
+    """The dataset and the evaluator of a run with these flags."""
     if args.backend == "tinker":
         # A real tokenizer may split a number and needs a newline to end it.
         args.max_tokens = max(args.max_tokens, 4)
-    backend, tokenizer = make_backend(args, alphabet=ALPHABET)
     renderer = Renderer(tokenizer)
     # Enough batches for every step even when groups are requeued; max_steps ends the run.
     dataset = AdditionDataset(args, renderer, num_batches=4 * args.max_steps + 8)
-    config = make_config(args)
-    evaluators = [AccuracyEvaluator(renderer, args)]
-    return run_cli(config, dataset=dataset, backend=backend, evaluators=evaluators, curve_keys=("eval/accuracy",))
+    return Experiment(dataset, [AccuracyEvaluator(renderer, args)], curve_keys=("eval/accuracy",))
+
+
+def main(argv: Sequence[str] | None = None, **defaults: Any) -> int:
+    """Parse flags, build the run, train; return the process exit code."""
+    return run_example(Args, build, argv, alphabet=ALPHABET, description=__doc__.splitlines()[0], **defaults)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arithmetic  # noqa: E402  (the sibling example, for its env)
 
 from trio_rl import CheckpointLog, RunHandle, train  # noqa: E402
-from trio_rl.cli import flag, make_backend, make_config, parse_args  # noqa: E402
+from trio_rl.cli import make_backend, make_config, parse_args  # noqa: E402
 
 
 @dataclass
@@ -38,9 +38,12 @@ class Args(arithmetic.Args):
 
     log_path: str = "runs/embedding"
     max_steps: int = 1000
-    threshold: float = flag(0.5, "stop once a step's mean reward reaches this")
-    stop_after: int = flag(200, "stop after this many steps at the latest")
-    heartbeat_s: float = flag(5.0, "seconds between the host's own heartbeat lines")
+    threshold: float = 0.5
+    """stop once a step's mean reward reaches this"""
+    stop_after: int = 200
+    """stop after this many steps at the latest"""
+    heartbeat_s: float = 5.0
+    """seconds between the host's own heartbeat lines"""
 
 
 async def host(args: Args) -> dict[str, Any]:

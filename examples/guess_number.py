@@ -29,7 +29,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from trio_rl import Env, EnvGroupBuilder, Observation, RLDataset, SamplingClient, StepResult, StopCondition, derive_seed
-from trio_rl.cli import CommonArgs, LazyTokenizer, make_backend, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, LossFn, run_example
 
 ALPHABET = "0123456789 :abcdeghilorsuw"
 """Digits and the letters of "guess", "higher", "lower" (LocalBackend's character tokenizer)."""
@@ -43,19 +43,19 @@ class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
     log_path: str = "runs/guess_number"
-    mode: str = "async"
-    max_steps_off_policy: int = 1
     groups_per_batch: int = 8
     group_size: int = 8
     learning_rate: float = 2e-3
-    loss_fn: str = "ppo"
+    loss_fn: LossFn = "ppo"
     max_tokens: int = 2
+    """tokens per guess: a digit and end-of-sequence"""
     max_steps: int = 150
     eval_every: int = 25
     save_every: int = 50
     max_turns: int = 4
+    """most guesses per game; each wrong one is answered with higher or lower"""
     format_reward: float = 0.05
-    max_seq_len: int = 64
+    """reward per well-formed guess (a digit, then end-of-sequence)"""
 
 
 # ---------------------------------------------------------------- the environment
@@ -197,14 +197,16 @@ class WinRateEvaluator:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
-    """Parse flags, build the run, train; return the process exit code."""
-    args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
-    backend, tokenizer = make_backend(args, alphabet=ALPHABET)
+def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
+    """The dataset and the evaluator of a run with these flags."""
     dialogue = Dialogue(tokenizer)
     dataset = GuessDataset(args, dialogue, num_batches=4 * args.max_steps + 8)
-    evaluators = [WinRateEvaluator(args, dialogue)]
-    return run_cli(make_config(args), dataset=dataset, backend=backend, evaluators=evaluators, curve_keys=("eval/win_rate",))
+    return Experiment(dataset, [WinRateEvaluator(args, dialogue)], curve_keys=("eval/win_rate",))
+
+
+def main(argv: Sequence[str] | None = None, **defaults: Any) -> int:
+    """Parse flags, build the run, train; return the process exit code."""
+    return run_example(Args, build, argv, alphabet=ALPHABET, description=__doc__.splitlines()[0], **defaults)
 
 
 if __name__ == "__main__":
