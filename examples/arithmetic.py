@@ -27,7 +27,6 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tinker import types as tinker_types
@@ -98,7 +97,7 @@ class Renderer:
     def prompt(self, a: int, b: int) -> tuple[Observation, StopCondition]:
         chars = self._char_tokenizer()
         if chars is not None:
-            tokens = [chars.bos_token_id] + chars.encode(f"{a}+{b}=")
+            tokens = [chars.bos_token_id, *chars.encode(f"{a}+{b}=")]
             return tinker_types.ModelInput.from_ints(tokens), [chars.eos_token_id]
         text = f"Answer with the number only.\n{a}+{b}="
         return tinker_types.ModelInput.from_ints(self.tokenizer.encode(text)), ["\n"]
@@ -196,7 +195,9 @@ class AdditionDataset(RLDataset):
         for _ in range(self.args.groups_per_batch):
             total = rng.randint(0, self.args.max_sum)
             a = rng.randint(0, total)
-            builders.append(AdditionGroupBuilder(a, total - a, self.args.group_size, self.renderer, self.args.near_miss_reward))
+            builders.append(
+                AdditionGroupBuilder(a, total - a, self.args.group_size, self.renderer, self.args.near_miss_reward)
+            )
         return builders
 
 

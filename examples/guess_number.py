@@ -75,7 +75,7 @@ class Dialogue:
     def opening(self) -> tuple[list[int], StopCondition]:
         chars = self._chars()
         if chars is not None:
-            return [chars.bos_token_id] + chars.encode("guess:"), [chars.eos_token_id]
+            return [chars.bos_token_id, *chars.encode("guess:")], [chars.eos_token_id]
         return self.tokenizer.encode("I picked a digit from 0 to 9. Guess it, one digit per line.\nguess:"), ["\n"]
 
     def reply(self, text: str) -> list[int]:
@@ -166,7 +166,9 @@ class GuessDataset(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         rng = random.Random(derive_seed(self.args.seed, "guess_number", index))
-        return [GuessGroupBuilder(rng.randrange(10), self.args, self.dialogue) for _ in range(self.args.groups_per_batch)]
+        return [
+            GuessGroupBuilder(rng.randrange(10), self.args, self.dialogue) for _ in range(self.args.groups_per_batch)
+        ]
 
 
 class WinRateEvaluator:
@@ -183,7 +185,9 @@ class WinRateEvaluator:
             env = GuessEnv(secret, self.dialogue, self.args.max_turns, 0.0)
             ob, stop = await env.initial_observation()
             while True:
-                params = tinker_types.SamplingParams(max_tokens=self.args.max_tokens, temperature=0.0, stop=stop, seed=0)
+                params = tinker_types.SamplingParams(
+                    max_tokens=self.args.max_tokens, temperature=0.0, stop=stop, seed=0
+                )
                 response = await sampling_client.sample(ob, 1, params)
                 result = await env.step(list(response.sequences[0].tokens))
                 if result.episode_done:

@@ -146,7 +146,9 @@ async def trainer(
                 totals = [r for g in groups for r in g.get_total_rewards()]
                 rewards.append(sum(totals) / len(totals))
                 staleness = max(step - v for v, _ in arrived)
-                print(f"  step {step:2d}  reward {rewards[-1]:.3f}  staleness {staleness}  t={trio.current_time():5.1f}s")
+                print(
+                    f"  step {step:2d}  reward {rewards[-1]:.3f}  staleness {staleness}  t={trio.current_time():5.1f}s"
+                )
     return rewards
 
 

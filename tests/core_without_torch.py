@@ -25,7 +25,9 @@ def main(argv: Sequence[str]) -> int:
             # What Python does for a module that is not installed: find_spec is None, import raises.
             sys.modules[name] = None  # type: ignore[assignment]
     for name in BLOCKED:
-        assert importlib.util.find_spec(name) is None, f"{name} is importable: this check needs a venv without it (or --block)"
+        assert importlib.util.find_spec(name) is None, (
+            f"{name} is importable: this check needs a venv without it (or --block)"
+        )
     sys.path.insert(0, str(ROOT))
 
     import trio

@@ -57,7 +57,10 @@ def test_an_invalid_value_checked_by_the_config_prints_its_message(
     argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
     assert exit_code(arithmetic.main, argv, **TINY) == 2
     err = capsys.readouterr().err
-    assert "stream_minibatch_config.groups_per_batch: 4 is not divisible by stream_minibatch_config.num_minibatches=3" in err
+    assert (
+        "stream_minibatch_config.groups_per_batch: 4 is not divisible by stream_minibatch_config.num_minibatches=3"
+        in err
+    )
     assert "Trio nursery" not in err and "Traceback" not in err
     assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -100,7 +103,9 @@ def test_help_shows_help_and_default_for_every_flag(
         assert re.search(r"[a-z]{3,}", words), f"{flag} has no help text: {body!r}"
 
 
-def test_enum_like_flags_offer_their_choices(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_enum_like_flags_offer_their_choices(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     text = _help_text(load("guess_number"), monkeypatch, capsys)
     assert "{sync,stream,async}" in text
     assert "{requeue,pace}" in text

@@ -13,7 +13,12 @@ from trio_rl.progress import REWARD_KEY
 
 def records() -> list[dict[str, object]]:
     steps: list[dict[str, object]] = [
-        {"step": s, "progress/groups": 4, REWARD_KEY: 0.1 + 0.05 * s, **({"eval/win_rate": 0.1 * s} if s % 5 == 0 else {})}
+        {
+            "step": s,
+            "progress/groups": 4,
+            REWARD_KEY: 0.1 + 0.05 * s,
+            **({"eval/win_rate": 0.1 * s} if s % 5 == 0 else {}),
+        }
         for s in range(23)
     ]
     # The final-weights record: an evaluation at step 23, no training metrics.

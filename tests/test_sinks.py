@@ -55,7 +55,9 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
             record.ParseFromString(pending)
             pending = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
     return rows
 
 
@@ -140,7 +142,9 @@ def test_log_to_feeds_every_sink_the_records_of_metrics_jsonl(tmp_path: Path, mo
 
     read = tensorboard_scalars(tmp_path / "tensorboard")
     for key in ("env/all/reward/total", "eval/accuracy", "run/final_step"):
-        assert read[key] == [(r["step"], pytest.approx(s[key])) for r, s in zip(records, expected, strict=True) if key in s]
+        assert read[key] == [
+            (r["step"], pytest.approx(s[key])) for r, s in zip(records, expected, strict=True) if key in s
+        ]
 
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     rows = wandb_history(run_dir)

@@ -288,7 +288,9 @@ class _BindTokenizer:
         )
 
     async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> TrainingClient:
-        return await self._bound(await self._inner.create_training_client_from_state(path, with_optimizer=with_optimizer))
+        return await self._bound(
+            await self._inner.create_training_client_from_state(path, with_optimizer=with_optimizer)
+        )
 
 
 def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyTokenizer]:
@@ -387,7 +389,9 @@ async def _run(
     run_scope = trio.CancelScope()
 
     async def train_into_outcome(*, task_status: trio.TaskStatus[RunHandle] = trio.TASK_STATUS_IGNORED) -> None:
-        outcome.result = await train(config, dataset=dataset, backend=backend, evaluators=evaluators, task_status=task_status)
+        outcome.result = await train(
+            config, dataset=dataset, backend=backend, evaluators=evaluators, task_status=task_status
+        )
 
     handle: RunHandle | None = None
     async with trio.open_nursery() as outer:
@@ -397,8 +401,9 @@ async def _run(
         async with backend:
             with run_scope:
                 async with trio.open_nursery() as run_nursery:
-                    handle = await run_nursery.start(train_into_outcome)
-                    async for record in handle.metrics:
+                    started: RunHandle = await run_nursery.start(train_into_outcome)
+                    handle = started
+                    async for record in started.metrics:
                         watchers.show(record)
         outer.cancel_scope.cancel()
     # A cancelled run still releases its last records when it ends: the sinks get
@@ -463,14 +468,14 @@ def run_cli(
     Returns:
         0 when the run finished, 130 when Ctrl-C stopped it, 2 for an invalid configuration.
     """
-    out = out if out is not None else sys.stderr
+    stream: IO[str] = out if out is not None else sys.stderr
     log_path = Path(config.log_path)
-    bar = RunProgress(out, config.max_steps, eval_keys=curve_keys, every=progress_every) if progress else None
+    bar = RunProgress(stream, config.max_steps, eval_keys=curve_keys, every=progress_every) if progress else None
     outcome = _Outcome()
     started = time.monotonic()
     config_errors: list[ConfigError] = []
     try:
-        trio.run(_run, config, dataset, backend, evaluators, _Watchers(bar, sinks), outcome, out)
+        trio.run(_run, config, dataset, backend, evaluators, _Watchers(bar, sinks), outcome, stream)
     except* KeyboardInterrupt:
         # Ctrl-C before the watcher was listening, or a second one.
         outcome.interrupted = True
@@ -482,7 +487,7 @@ def run_cli(
         close_sinks(sinks)
     if config_errors:
         for error in config_errors:
-            out.write(f"error: {error}\n")
+            stream.write(f"error: {error}\n")
         return EXIT_CONFIG_ERROR
     curve = write_curves(log_path, curve_keys)
     checkpoint = CheckpointLog(log_path).last()
@@ -493,16 +498,16 @@ def run_cli(
             if checkpoint is not None
             else "no checkpoint was saved"
         )
-        out.write(f"stopped after {elapsed}: {where}\n")
-        out.flush()
+        stream.write(f"stopped after {elapsed}: {where}\n")
+        stream.flush()
         return EXIT_INTERRUPTED
     summary = _summary(outcome.result, elapsed, curve_keys)
     if checkpoint is not None:
         summary.append(f"checkpoint {checkpoint.state_path}")
     if curve is not None:
         summary.append(f"curve {curve}")
-    out.write("; ".join(summary) + "\n")
-    out.flush()
+    stream.write("; ".join(summary) + "\n")
+    stream.flush()
     return EXIT_OK
 
 
@@ -545,7 +550,7 @@ def run_example(
     Returns:
         The exit code: 0 done, 2 invalid configuration (its message printed), 130 Ctrl-C.
     """
-    out = out if out is not None else sys.stderr
+    stream: IO[str] = out if out is not None else sys.stderr
     args = parse_args(cls, argv, description=description, **defaults)
     try:
         backend, tokenizer = make_backend(args, alphabet=alphabet)
@@ -554,10 +559,14 @@ def run_example(
         # Fail before any work (or a sink's run) starts; dataset-dependent checks come from train().
         config.validate()
         sinks = open_sinks(
-            args.log_to, Path(config.log_path), config=config.to_json(), wandb_project=args.wandb_project, wandb_mode=args.wandb_mode
+            args.log_to,
+            Path(config.log_path),
+            config=config.to_json(),
+            wandb_project=args.wandb_project,
+            wandb_mode=args.wandb_mode,
         )
     except ConfigError as error:
-        out.write(f"error: {error}\n")
+        stream.write(f"error: {error}\n")
         return EXIT_CONFIG_ERROR
     return run_cli(
         config,
@@ -568,5 +577,5 @@ def run_example(
         progress=args.progress,
         progress_every=args.progress_every,
         sinks=sinks,
-        out=out,
+        out=stream,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tinker import types as tinker_types
 
@@ -264,18 +264,20 @@ _JSON_TYPES: dict[str, type[Any]] = {
 
 
 def _from_json_value(name: str, value: Any) -> Any:
-    if isinstance(value, dict) and "type" in value:
-        fields = dict(value)  # pyright: ignore[reportUnknownArgumentType]
-        type_name = fields.pop("type")
+    if not isinstance(value, dict):
+        return value
+    fields = dict(cast(dict[str, Any], value))
+    if "type" in fields:
+        type_name = str(fields.pop("type"))
         if type_name not in _JSON_TYPES:
             raise ConfigError(name, f"unknown type {type_name!r}; expected one of {', '.join(_JSON_TYPES)}")
         return _JSON_TYPES[type_name](**fields)
-    return value
+    return fields
 
 
 def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
-        return tuple(sorted(value.items()))  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
+        return tuple(sorted(cast(dict[str, Any], value).items()))
     return value
 
 

@@ -84,7 +84,7 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
         raise ValueError(f"{len(groups)} groups but {len(tags)} tag lists")
     out = _metrics_for("env/all", groups)
     by_tag: dict[str, list[TrajectoryGroup]] = defaultdict(list)
-    for group, group_tags in zip(groups, tags):
+    for group, group_tags in zip(groups, tags, strict=True):
         for tag in group_tags:
             by_tag[tag].append(group)
     for tag in sorted(by_tag):

@@ -4,6 +4,9 @@ Drawn with the Agg backend (no display needed) from the records of ``metrics.jso
 the axes are fitted to the data, so a reward above 1 or below 0 stays in view.
 """
 
+# matplotlib's stubs leave the **kwargs of its drawing methods untyped.
+# pyright: reportUnknownMemberType=false
+
 from __future__ import annotations
 
 import json
@@ -76,5 +79,5 @@ def write_curves(log_path: Path, eval_keys: Sequence[str] = ()) -> Path | None:
     if figure is None:
         return None
     out = log_path / CURVE_FILE
-    figure.savefig(out, dpi=100)  # pyright: ignore[reportUnknownMemberType]
+    figure.savefig(out, dpi=100)
     return out

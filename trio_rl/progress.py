@@ -65,7 +65,9 @@ class RunProgress:
             self._bar.set_postfix_str(postfix, refresh=False)
             self._bar.update(advanced)
         elif done % self.every == 0 or done == self.total_steps:
-            meter = tqdm.format_meter(done, self.total_steps, elapsed, ncols=0, unit="step", postfix=postfix)
+            # tqdm takes None for an unknown total; its stub says float.
+            total: Any = self.total_steps
+            meter = tqdm.format_meter(done, total, elapsed, ncols=0, unit="step", postfix=postfix)
             self.out.write(meter.strip() + "\n")
             self.out.flush()
 

@@ -96,7 +96,7 @@ class TensorBoardSink:
         """Add every scalar of ``record`` at its step."""
         step = int(record["step"])
         for key, value in scalars(record).items():
-            self._writer.add_scalar(key, value, global_step=step)
+            self._writer.add_scalar(key, value, global_step=step)  # pyright: ignore[reportUnknownMemberType]
 
     def close(self) -> None:
         """Flush the event file and close it."""
@@ -173,7 +173,7 @@ def close_sinks(sinks: Sequence[MetricsSink]) -> None:
     for sink in sinks:
         try:
             sink.close()
-        except Exception as error:  # noqa: PERF203  (each sink must get its chance to close)
+        except Exception as error:
             failure = failure or error
     if failure is not None:
         raise failure

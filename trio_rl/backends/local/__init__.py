@@ -5,9 +5,12 @@ defined here (:class:`ModelConfig`) over a character tokenizer
 (:class:`CharTokenizer`), trained with full-parameter Adam.
 """
 
+import importlib
+
 try:
-    import safetensors  # noqa: F401  (imported here only to fail early and clearly)
-    import torch  # noqa: F401
+    # Imported here only to fail early and clearly.
+    importlib.import_module("safetensors")
+    importlib.import_module("torch")
 except ImportError as _error:
     # torch is an extra: say which one, rather than fail deep inside the backend's imports.
     raise ImportError(
@@ -16,8 +19,8 @@ except ImportError as _error:
         name=_error.name,
     ) from _error
 
-from trio_rl.backends.local.backend import LocalBackend  # noqa: E402
-from trio_rl.backends.local.model import ModelConfig  # noqa: E402
-from trio_rl.backends.local.tokenizer import CharTokenizer  # noqa: E402
+from trio_rl.backends.local.backend import LocalBackend
+from trio_rl.backends.local.model import ModelConfig
+from trio_rl.backends.local.tokenizer import CharTokenizer
 
 __all__ = ["CharTokenizer", "LocalBackend", "ModelConfig"]
