@@ -131,6 +131,7 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--num-substeps", "2"], "num_substeps", 2),
     (["--eval-every", "3"], "eval_every", 3),
     (["--save-every", "4"], "save_every", 4),
+    (["--eval-timeout", "30"], "eval_timeout", 30.0),
     (["--max-steps", "5"], "max_steps", 5),
     (["--remove-constant-reward-groups"], "remove_constant_reward_groups", True),
     (["--kl-penalty-coef", "0.1"], "kl_penalty_coef", 0.1),

@@ -114,6 +114,8 @@ class CommonArgs:
     """evaluate every N steps (0: only the final weights)"""
     save_every: int = 50
     """save a resumable checkpoint every N steps (0: only the final state)"""
+    eval_timeout: float = 1800.0
+    """seconds one evaluator may take on one set of weights; a slower one ends the run"""
     remove_constant_reward_groups: bool = False
     """drop groups whose rewards are all equal (they carry no advantage)"""
     kl_penalty_coef: float = 0.0
@@ -462,7 +464,7 @@ def run_cli(
         dataset, backend, evaluators: as for :func:`trio_rl.train`; ``backend`` not yet entered.
         curve_keys: evaluation metrics shown in the progress and plotted beside the reward.
         progress: show progress on ``out``; ``progress_every``: steps per line off a terminal.
-        sinks: receive every record of ``metrics.jsonl``, in step order; closed at the end.
+        sinks: receive every record of ``metrics.jsonl``, in the same order; closed at the end.
         out: where progress and messages go (default: stderr).
 
     Returns:

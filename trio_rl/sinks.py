@@ -1,8 +1,10 @@
-"""Experiment logging: one small interface, several sinks, the same records in step order.
+"""Experiment logging: one small interface, several sinks, the same records in the same order.
 
-A record is one line of ``metrics.jsonl``: ``{"step": n, "<metric>": value, ...}``,
-released by the run strictly in step order (see :class:`trio_rl.metrics.MetricsLog`).
-Every sink receives exactly those records, in that order:
+A record is one line of ``metrics.jsonl``: ``{"step": n, "<metric>": value, ...}``, written
+the moment it is made (see :class:`trio_rl.metrics.MetricsLog`): a training step's record when
+the step ends, an evaluation's when the evaluation ends, under the step whose weights it
+evaluated, so an evaluation's record may come after later steps' records.
+Every sink receives exactly those records, in the order they are written:
 
 - :class:`JsonlSink` writes ``metrics.jsonl``; :func:`trio_rl.train` always uses it.
 - :class:`TensorBoardSink` writes a TensorBoard event file (extra ``tensorboard``).
@@ -27,12 +29,15 @@ from .errors import ConfigError
 SinkName = Literal["tensorboard", "wandb"]
 """The optional sinks, by the name ``--log-to`` takes."""
 
+STEP = "step"
+"""The key of a record's step; W&B plots every metric against it."""
+
 TENSORBOARD_DIR = "tensorboard"
 """Subfolder of the run folder holding the TensorBoard event files."""
 
 
 class MetricsSink(Protocol):
-    """Receives every record of a run, in step order."""
+    """Receives every record of a run, in the order metrics.jsonl has them."""
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Log one record; ``record["step"]`` is its step."""
@@ -123,10 +128,14 @@ class WandbSink:
             settings=wandb.Settings(console="off", silent=True),
         )
         self.run_dir = Path(self._run.dir).parent
+        # An evaluation's record arrives after later training steps' records, and W&B's own
+        # step must only grow: so every metric is plotted against our "step" instead.
+        self._run.define_metric(STEP)
+        self._run.define_metric("*", step_metric=STEP)
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Log every scalar of ``record`` at its step."""
-        self._run.log(scalars(record), step=int(record["step"]))
+        """Log every scalar of ``record`` with its step."""
+        self._run.log({STEP: int(record["step"]), **scalars(record)})
 
     def close(self) -> None:
         """Finish the run (offline: its files are complete on disk)."""
