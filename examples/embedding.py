@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import arithmetic
 
-from trio_rl import CheckpointLog, RunHandle, train
-from trio_rl.cli import make_backend, make_config, parse_args
+from trio_rl import CheckpointLog, ConfigError, RunHandle, train
+from trio_rl.cli import config_error_leaves, make_backend, make_config, parse_args
 
 
 @dataclass
@@ -95,7 +95,14 @@ async def host(args: Args) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
     """Parse flags, run the host program, print what it saw."""
     args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
-    seen = trio.run(host, args)
+    seen: dict[str, Any] = {}
+    try:
+        seen = trio.run(host, args)
+    except* ConfigError as group:
+        # Raised before the run or inside its nursery: the message, never a traceback.
+        print("\n".join(f"error: {error}" for error in config_error_leaves(group)), file=sys.stderr)
+    if not seen:
+        return 2
     print(
         f"[host] stopped the run because {seen['stopped_because']}: {seen['steps']} steps seen, "
         f"best reward {seen['best_reward']:.3f}, {seen['heartbeats']} heartbeats; last checkpoint: {seen['checkpoint']}"

@@ -164,3 +164,13 @@ def test_a_flag_reaches_its_config_field(flags: list[str], name: str, expected: 
     else:
         assert value == expected
     assert Config.from_json(config.to_json()) == config
+
+
+def test_the_embedding_host_prints_a_config_error_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embedding = load("embedding")
+    argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
+    assert embedding.main(argv, **TINY) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: stream_minibatch_config.groups_per_batch: 4 is not divisible") and "Traceback" not in err
+    )

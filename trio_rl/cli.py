@@ -417,12 +417,12 @@ async def _run(
             break
 
 
-def _config_errors(group: BaseExceptionGroup[ConfigError]) -> list[ConfigError]:
+def config_error_leaves(group: BaseExceptionGroup[ConfigError]) -> list[ConfigError]:
     """The leaves of a (possibly nested) group: a nursery wraps the error of a nested nursery again."""
     leaves: list[ConfigError] = []
     for error in group.exceptions:
         if isinstance(error, BaseExceptionGroup):
-            leaves += _config_errors(error)  # pyright: ignore[reportUnknownArgumentType]
+            leaves += config_error_leaves(error)  # pyright: ignore[reportUnknownArgumentType]
         else:
             leaves.append(error)
     return leaves
@@ -482,7 +482,7 @@ def run_cli(
         # Ctrl-C before the watcher was listening, or a second one.
         outcome.interrupted = True
     except* ConfigError as group:
-        config_errors = _config_errors(group)
+        config_errors = config_error_leaves(group)
     finally:
         if bar is not None:
             bar.close()
