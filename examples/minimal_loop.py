@@ -38,8 +38,16 @@ import trio.testing
 import tyro
 from tinker import types as tinker_types
 
-from trio_rl import EnvGroupBuilder, SamplingPolicy, TrajectoryGroup, assemble_training_data, do_group_rollout
-from trio_rl.backends import SamplingClient, TrainingClient
+from trio_rl import (
+    EnvGroupBuilder,
+    SamplingClient,
+    SamplingPolicy,
+    TrainingClient,
+    TrajectoryGroup,
+    assemble_training_data,
+    derive_seed,
+    do_group_rollout,
+)
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 
@@ -114,10 +122,10 @@ async def rollout_worker(
     with builders_recv, groups_send:  # this worker's clones: closed when it leaves, even on a crash
         async for batch, group, builder in builders_recv:
             version, client = await weights.at_least(batch - k)
-            seed = (args.seed * 1_000 + batch) * 1_000 + group  # from the item's identity only
+            seed = derive_seed(args.seed, batch, group)  # from the item's identity, never from timing
 
             def policy_for(env: int, attempt: int, client: SamplingClient = client, seed: int = seed) -> SamplingPolicy:
-                return SamplingPolicy(client, params, seed=seed * 100 + env * 10 + attempt)
+                return SamplingPolicy(client, params, seed=derive_seed(seed, env, attempt))
 
             await groups_send.send((batch, version, await do_group_rollout(builder, policy_for)))
 

@@ -138,8 +138,13 @@ class WandbSink:
         self._run.log({STEP: int(record["step"]), **scalars(record)})
 
     def close(self) -> None:
-        """Finish the run (offline: its files are complete on disk)."""
+        """Finish the run and wait until W&B's service has written all of it (offline: to disk)."""
+        import wandb
+
         self._run.finish()
+        # finish() can return before the wandb-core process has flushed the run's file;
+        # teardown waits for that process, which also keeps it from outliving the run.
+        wandb.teardown()
 
 
 def open_sinks(
