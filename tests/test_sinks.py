@@ -9,13 +9,13 @@ import struct
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tests.conftest import read_jsonl
 from trio_rl.errors import ConfigError
-from trio_rl.sinks import JsonlSink, TensorBoardSink, WandbSink, close_sinks, open_sinks, scalars
+from trio_rl.sinks import JsonlSink, MetricsSink, TensorBoardSink, WandbSink, close_sinks, open_sinks, scalars
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -61,25 +61,30 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+S = TypeVar("S", bound=MetricsSink)
+
+
+def feed(sink: S) -> S:
+    """Write every record of RECORDS to ``sink``, in order, and close it."""
+    for record in RECORDS:
+        sink.write(record)
+    sink.close()
+    return sink
+
+
 def test_scalars_are_the_finite_numbers_but_the_step() -> None:
     assert scalars(RECORDS[1]) == {"env/all/reward/total": 0.75, "progress/groups": 4.0}
     assert scalars(RECORDS[2]) == {"run/final_step": 2.0, "eval/accuracy": 1.0}
 
 
 def test_jsonl_sink_writes_strict_json_lines(tmp_path: Path) -> None:
-    sink = JsonlSink(tmp_path / "metrics.jsonl")
-    for record in RECORDS:
-        sink.write(record)
-    sink.close()
+    feed(JsonlSink(tmp_path / "metrics.jsonl"))
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in lines] == [0, 1, 2] and lines[1]["optim/kl"] is None and lines[0]["note"] == "text"
 
 
 def test_tensorboard_sink_writes_an_event_file_tensorboard_reads(tmp_path: Path) -> None:
-    sink = TensorBoardSink(tmp_path / "tb")
-    for record in RECORDS:
-        sink.write(record)
-    sink.close()
+    feed(TensorBoardSink(tmp_path / "tb"))
     read = tensorboard_scalars(tmp_path / "tb")
     assert read["env/all/reward/total"] == [(0, 0.25), (1, 0.75)]
     assert read["eval/accuracy"] == [(0, 0.5), (2, 1.0)]
@@ -88,10 +93,7 @@ def test_tensorboard_sink_writes_an_event_file_tensorboard_reads(tmp_path: Path)
 
 def test_wandb_sink_offline_writes_its_run_without_a_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there: any upload would fail
-    sink = WandbSink(tmp_path, project="trio_rl-tests", mode="offline", config={"seed": 3})
-    for record in RECORDS:
-        sink.write(record)
-    sink.close()
+    sink = feed(WandbSink(tmp_path, project="trio_rl-tests", mode="offline", config={"seed": 3}))
     assert sink.run_dir.parent == tmp_path / "wandb" and sink.run_dir.name.startswith("offline-run-")
     rows = wandb_history(sink.run_dir)
     assert [row["step"] for row in rows] == [0, 1, 2]
