@@ -61,3 +61,18 @@ def test_the_final_record_alone_draws_nothing() -> None:
     progress.update({"step": 0, "run/final_step": 0})
     progress.close()
     assert out.getvalue() == ""
+
+
+def test_a_resumed_run_counts_its_earlier_steps_as_done() -> None:
+    out = io.StringIO()
+    progress = RunProgress(out, total_steps=30, every=5)
+    for n in range(20, 30):
+        progress.update(step(n, 0.5))
+    progress.close()
+    assert [line.split()[1] for line in out.getvalue().splitlines()] == ["25/30", "30/30"]
+
+    terminal = Terminal()
+    progress = RunProgress(terminal, total_steps=30)
+    progress.update(step(20, 0.5))
+    progress.close()
+    assert "21/30" in terminal.getvalue() and "1/30" not in terminal.getvalue().replace("21/30", "")

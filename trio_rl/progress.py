@@ -29,12 +29,12 @@ class RunProgress:
         self.eval_keys = list(eval_keys)
         self.every = max(1, every)
         self.tokens = 0
-        self.steps = 0
+        self.steps: int | None = None
+        """Steps done so far; None before the first record (a resumed run starts past 0)."""
         self.last_eval: dict[str, float] = {}
         self.started = time.monotonic()
+        self._initial = 0
         self._bar: tqdm[Any] | None = None
-        if out.isatty():
-            self._bar = tqdm(total=total_steps, file=out, unit="step", dynamic_ncols=True, leave=True)
 
     def postfix(self, record: Mapping[str, Any], elapsed: float) -> str:
         """Reward, the latest evaluation, staleness and throughput of ``record``."""
@@ -58,6 +58,13 @@ class RunProgress:
             return
         self.tokens += int(record.get("env/all/total_ac_tokens", 0)) + int(record.get("env/all/total_ob_tokens", 0))
         done = int(record["step"]) + 1
+        if self.steps is None:
+            # Steps trained before a resume count as done, not as this run's speed.
+            self.steps = self._initial = done - 1
+            if self.out.isatty():
+                self._bar = tqdm(
+                    total=self.total_steps, initial=self._initial, file=self.out, unit="step", dynamic_ncols=True
+                )
         advanced, self.steps = done - self.steps, done
         elapsed = max(1e-9, time.monotonic() - self.started)
         postfix = self.postfix(record, elapsed)
@@ -67,7 +74,9 @@ class RunProgress:
         elif done % self.every == 0 or done == self.total_steps:
             # tqdm takes None for an unknown total; its stub says float.
             total: Any = self.total_steps
-            meter = tqdm.format_meter(done, total, elapsed, ncols=0, unit="step", postfix=postfix)
+            meter = tqdm.format_meter(
+                done, total, elapsed, ncols=0, unit="step", postfix=postfix, initial=self._initial
+            )
             self.out.write(meter.strip() + "\n")
             self.out.flush()
 
