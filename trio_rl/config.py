@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tinker import types as tinker_types
 
 from .errors import ConfigError
-from .rollouts import ErrorStrategy, FailFast
+from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
 LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
@@ -190,8 +190,12 @@ class Config:
             max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
         )
 
+    def __hash__(self) -> int:
+        # The generated hash would fail on ``loss_fn_config`` (a dict); hash its items instead.
+        return hash(tuple(_hashable(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able view, written beside the metrics for the record."""
+        """A JSON-able view, written beside the metrics as ``config.json``; :meth:`from_json` reads it back."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -201,6 +205,20 @@ class Config:
                 value = str(value)
             out[f.name] = value
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Config:
+        """The configuration :meth:`to_json` wrote: nested parts become their dataclasses again.
+
+        Raises:
+            ConfigError: for an unknown field or a nested part of unknown type.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a Config field (known: {', '.join(sorted(names))})")
+        values = {key: _from_json_value(key, value) for key, value in data.items()}
+        return cls(**values)
 
     def validate(self, dataset_batch_size: int | None = None) -> None:
         """Reject an invalid configuration, naming the field and the fix.
@@ -253,6 +271,30 @@ class Config:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
         if self.overwrite and self.resume:
             raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
+
+
+_JSON_TYPES: dict[str, type[Any]] = {
+    t.__name__: t for t in (AsyncConfig, StreamMinibatchConfig, FailFast, RetryOnFailure, MinViableGroup)
+}
+"""The nested dataclasses :meth:`Config.to_json` may write, by the ``type`` it records."""
+
+
+def _from_json_value(name: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    fields = dict(cast(dict[str, Any], value))
+    if "type" in fields:
+        type_name = str(fields.pop("type"))
+        if type_name not in _JSON_TYPES:
+            raise ConfigError(name, f"unknown type {type_name!r}; expected one of {', '.join(_JSON_TYPES)}")
+        return _JSON_TYPES[type_name](**fields)
+    return fields
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted(cast(dict[str, Any], value).items()))
+    return value
 
 
 def _positive(name: str, value: float, fix: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from typing import Any
 
 import trio
 
+from .sinks import JsonlSink
 from .types import Metrics, TrajectoryGroup
 
 GOOD_REWARD_THRESHOLD = 0.5
@@ -84,7 +84,7 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
         raise ValueError(f"{len(groups)} groups but {len(tags)} tag lists")
     out = _metrics_for("env/all", groups)
     by_tag: dict[str, list[TrajectoryGroup]] = defaultdict(list)
-    for group, group_tags in zip(groups, tags):
+    for group, group_tags in zip(groups, tags, strict=True):
         for tag in group_tags:
             by_tag[tag].append(group)
     for tag in sorted(by_tag):
@@ -92,15 +92,8 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
     return out
 
 
-def _json_value(value: Any) -> Any:
-    # JSON has no NaN; null keeps the line valid for strict readers.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 class MetricsLog:
-    """Writes each record to ``metrics.jsonl`` the moment it is made, and mirrors it on a live channel.
+    """Writes each record to ``metrics.jsonl`` (a :class:`~trio_rl.sinks.JsonlSink`) the moment it is made, and mirrors it on a live channel.
 
     A training step's record is written when the step ends; an evaluation's
     record is written when the evaluation ends, as a line of its own under the
@@ -109,7 +102,7 @@ class MetricsLog:
     """
 
     def __init__(self, path: Path | None) -> None:
-        self._file = path.open("a") if path is not None else None
+        self._jsonl = JsonlSink(path) if path is not None else None
         self.records: list[dict[str, Any]] = []
         """Every record written, in the order written."""
         self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](math.inf)
@@ -118,16 +111,15 @@ class MetricsLog:
         """Write a record of ``metrics`` under ``step``."""
         record: dict[str, Any] = {"step": step, **metrics}
         self.records.append(record)
-        if self._file is not None:
-            self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
-            self._file.flush()
+        if self._jsonl is not None:
+            self._jsonl.write(record)
         self._live_send.send_nowait(record)
 
     def close(self) -> None:
         """Close the file and end the live channel."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
         self._live_send.close()
 
 
