@@ -16,6 +16,7 @@ from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
 from .errors import ConfigError, one_per_fault
 from .evaluation import SamplingClientEvaluator
+from .jsonl import read_records
 from .metrics import MetricsLog, merge_by_step
 from . import run_folder
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
@@ -30,8 +31,9 @@ class RunHandle:
     Attributes:
         metrics: every record as it is written to ``metrics.jsonl`` (a step's
             training record when the step ends, an evaluation's record when it
-            ends); the channel ends when the run ends. Records nobody reads
-            accumulate (one small dict per record).
+            ends); the channel ends when the run ends. It holds at most
+            :data:`LIVE_BUFFER` records not yet read; a reader that falls further
+            behind misses records (they are still in ``metrics.jsonl``).
         log_path: the run's folder.
     """
 
@@ -45,40 +47,51 @@ class RunHandle:
         return self._weights.version
 
 
+LIVE_BUFFER = 10_000
+"""Records :attr:`RunHandle.metrics` holds for a reader that has not taken them yet."""
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What a finished run returns.
 
     Attributes:
-        metrics: one dict per step, in step order, merging that step's records of
-            ``metrics.jsonl``: its training metrics and the evaluation of its
-            weights; the last one is the final weights' (``run/...`` accounting of
-            every group, and the final evaluation if there are evaluators).
         final_step: training steps completed (the version of the final weights).
         stopped_by_max_steps: whether ``max_steps`` ended the run rather than the data.
         checkpoint: the final checkpoint.
         trained_groups: groups that went into a training step.
         dropped_groups: groups dropped as too stale after the data ran out.
         cancelled_groups: groups handed out but never trained (rollouts cancelled at ``max_steps``).
+        summary: the final-weights record: where every group went.
+        metrics_path: the run's ``metrics.jsonl``.
+        first_step: the step this run (or, when resumed, this part of it) started at.
     """
 
-    metrics: list[dict[str, Any]]
     final_step: int
     stopped_by_max_steps: bool
     checkpoint: CheckpointRecord | None
     trained_groups: int
     dropped_groups: int
     cancelled_groups: int
+    summary: dict[str, Any]
+    metrics_path: Path
+    first_step: int
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """This run's records, read back from ``metrics.jsonl``: one dict per step, in step order.
+
+        Each merges the step's training metrics and the evaluation of its weights;
+        the last is the final weights' (``run/...`` accounting of every group, and
+        the final evaluation if there are evaluators). Read on each access: the
+        run keeps no history in memory.
+        """
+        return merge_by_step([r for r in read_records(self.metrics_path) if r["step"] >= self.first_step])
 
     @property
     def step_metrics(self) -> list[dict[str, Any]]:
         """The records of training steps only (without the final-weights record)."""
         return [m for m in self.metrics if "progress/groups" in m]
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """The final-weights record: where every group went."""
-        return next(m for m in reversed(self.metrics) if "run/final_step" in m)
 
 
 @asynccontextmanager
@@ -156,7 +169,8 @@ async def train(
             (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
-            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE)
+            has_reader = task_status is not trio.TASK_STATUS_IGNORED
+            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=LIVE_BUFFER if has_reader else 0)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
             outcome = await run_pipeline(
                 nursery,
@@ -202,14 +216,17 @@ async def train(
         if metrics_log is not None:
             metrics_log.close()
     counts = outcome.counts
+    assert metrics_log.last_final is not None, "the trainer writes the final record before it returns"
     return TrainResult(
-        metrics=merge_by_step(metrics_log.records),
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
         checkpoint=outcome.checkpoint,
         trained_groups=counts.trained_groups,
         dropped_groups=counts.dropped_stale,
         cancelled_groups=outcome.cancelled_groups,
+        summary=metrics_log.last_final,
+        metrics_path=log_path / run_folder.METRICS_FILE,
+        first_step=start_step,
     )
 
 
