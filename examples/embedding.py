@@ -16,11 +16,18 @@ The environment is the one of ``examples/arithmetic.py``.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
+    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
 import trio
 

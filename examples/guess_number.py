@@ -21,10 +21,17 @@ less for the random initial policy) towards 1.
 from __future__ import annotations
 
 import random
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+if __name__ == "__main__":
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
+    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
 from tinker import types as tinker_types
 

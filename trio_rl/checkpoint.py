@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import trio
+
 from .backends.protocol import TrainingClient
 from .jsonl import DamagedFileError, read_records
 from .ledger import DataLedger
@@ -79,12 +81,15 @@ class CheckpointKeeper:
         log: the run's checkpoint log.
         client: the training client whose state is saved.
         ledger: the run's data ledger, read at each save.
+        shielded: finish a save that a cancellation interrupts (``Config.save_on_cancel``):
+            an interrupted save may still be writing, so it must not be started again.
     """
 
-    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger) -> None:
+    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, *, shielded: bool) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
+        self._shielded = shielded
         self._last: tuple[int, str] | None = None
         self.final: CheckpointRecord | None = None
         """The final checkpoint, once written."""
@@ -97,7 +102,8 @@ class CheckpointKeeper:
         if self._last is not None and self._last[0] == step:
             path = self._last[1]
         else:
-            path = await self._client.save_state(name)
+            with trio.CancelScope(shield=self._shielded):
+                path = await self._client.save_state(name)
             self._last = (step, path)
         ledger = self._ledger
         ledger.read_notes()

@@ -23,9 +23,12 @@ whether it is found while parsing, before the run, or inside it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,13 @@ EXIT_CONFIG_ERROR = 2
 """What argparse (and so tyro) exits with for a bad flag; an invalid configuration uses it too."""
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a program stopped by Ctrl-C."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM: a run stopped by ``kill`` (or a job scheduler) ends like one stopped by Ctrl-C."""
+EXIT_ERROR = 1
+"""The run failed: one line per error, the full traceback in ``error.log`` in the run folder."""
+ERROR_LOG = "error.log"
+DEBUG_ENV = "TRIO_RL_DEBUG"
+"""Set to 1 to print the whole traceback of a failed run (like ``--debug``)."""
 
 LossFn = Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"]
 """The losses :data:`trio_rl.config.LOSS_FNS` accepts, as choices of ``--loss-fn``."""
@@ -168,6 +178,8 @@ class CommonArgs:
     """wandb: the project"""
     wandb_mode: Literal["offline", "online"] = "offline"
     """wandb: offline writes the run under --log-path/wandb (upload later with wandb sync); online uploads live"""
+    debug: bool = False
+    """on a failure, print the whole traceback (it is always written to error.log in --log-path)"""
 
 
 # ---------------------------------------------------------------- flags and configuration
@@ -344,27 +356,60 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
 @dataclass
 class _Outcome:
     result: TrainResult | None = None
-    interrupted: bool = False
+    stopped_by: int | None = None
+    """The first SIGINT or SIGTERM that stopped the run."""
+    presses: int = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped_by is not None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_TERMINATED if self.stopped_by == signal.SIGTERM else EXIT_INTERRUPTED
 
 
-async def _watch_for_ctrl_c(
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_EARLY_SIGNALS: list[int] = []
+"""SIGTERMs that arrived after trio.run began but before the watcher listened (see _hand_signals_to_trio)."""
+
+
+async def _chain(first: list[int], then: trio.abc.ReceiveChannel[int] | Any) -> Any:
+    while first:
+        yield first.pop(0)
+    async for signum in then:
+        yield signum
+
+
+async def _watch_for_stop_signals(
     run_scope: trio.CancelScope,
     outcome: _Outcome,
     out: IO[str],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Turn the first SIGINT into a cancel of the run; a second one raises KeyboardInterrupt
-    (the save already under way still runs, bounded by ``Config.cancel_save_timeout``)."""
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    """Ctrl-C (or SIGTERM) cancels the run, which saves its last completed step; the third quits unsaved.
+
+    The receiver stays open for the whole run, so no press can ever land as a
+    ``KeyboardInterrupt`` inside the shielded save.
+    """
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         task_status.started()
-        async for _ in signals:
-            if outcome.interrupted:
-                raise KeyboardInterrupt
-            outcome.interrupted = True
-            out.write("\ninterrupted: saving the last completed step\n")
+        async for signum in _chain(_EARLY_SIGNALS, signals):
+            outcome.presses += 1
+            if outcome.stopped_by is None:
+                outcome.stopped_by = signum
+                out.write("\ninterrupted: saving the last completed step (press Ctrl-C twice more to quit without saving)\n")
+                run_scope.cancel()
+            elif outcome.presses == 2:
+                out.write("still saving the last completed step; Ctrl-C once more quits without saving\n")
+            else:
+                # Everything on disk is whole: a state being saved is not yet in
+                # checkpoints.jsonl, so a resume takes the checkpoint before it.
+                out.write("quitting without saving; --resume continues from the last recorded checkpoint\n")
+                out.flush()
+                os._exit(outcome.exit_code)
             out.flush()
-            run_scope.cancel()
 
 
 @dataclass
@@ -399,7 +444,7 @@ async def _run(
 
     handle: RunHandle | None = None
     async with trio.open_nursery() as outer:
-        await outer.start(_watch_for_ctrl_c, run_scope, outcome, out)
+        await outer.start(_watch_for_stop_signals, run_scope, outcome, out)
         # The backend is entered outside the run's scope: a cancelled run still
         # needs the backend's workers to save its last step.
         async with backend:
@@ -421,13 +466,7 @@ async def _run(
 
 def config_error_leaves(group: BaseExceptionGroup[ConfigError]) -> list[ConfigError]:
     """The leaves of a (possibly nested) group: a nursery wraps the error of a nested nursery again."""
-    leaves: list[ConfigError] = []
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            leaves += config_error_leaves(error)  # pyright: ignore[reportUnknownArgumentType]
-        else:
-            leaves.append(error)
-    return leaves
+    return _distinct_leaves(group)
 
 
 def _clock(seconds: float) -> str:
@@ -458,6 +497,7 @@ def run_cli(
     progress_every: int = 10,
     sinks: Sequence[MetricsSink] = (),
     out: IO[str] | None = None,
+    debug: bool = False,
 ) -> int:
     """Train under ``trio.run`` with progress, sinks and a clean Ctrl-C; return the exit code.
 
@@ -468,9 +508,11 @@ def run_cli(
         progress: show progress on ``out``; ``progress_every``: steps per line off a terminal.
         sinks: receive every record of ``metrics.jsonl``, in the same order; closed at the end.
         out: where progress and messages go (default: stderr).
+        debug: print the whole traceback of a failure (also with ``TRIO_RL_DEBUG=1``).
 
     Returns:
-        0 when the run finished, 130 when Ctrl-C stopped it, 2 for an invalid configuration.
+        0 when the run finished, 130 when Ctrl-C stopped it (143 for SIGTERM), 2 for an
+        invalid configuration, 1 when the run failed.
     """
     stream: IO[str] = out if out is not None else sys.stderr
     log_path = Path(config.log_path)
@@ -478,14 +520,19 @@ def run_cli(
     outcome = _Outcome()
     started = time.monotonic()
     config_errors: list[ConfigError] = []
+    failures: BaseExceptionGroup[Exception] | None = None
+    _hand_signals_to_trio()
     try:
         trio.run(_run, config, dataset, backend, evaluators, _Watchers(bar, sinks), outcome, stream)
     except* KeyboardInterrupt:
-        # Ctrl-C before the watcher was listening, or a second one.
-        outcome.interrupted = True
+        # Ctrl-C before the watcher was listening.
+        outcome.stopped_by = outcome.stopped_by or signal.SIGINT
     except* ConfigError as group:
         config_errors = config_error_leaves(group)
+    except* Exception as group:
+        failures = group
     finally:
+        _exit_quietly_on_stop_signals(outcome)
         if bar is not None:
             bar.close()
         close_sinks(sinks)
@@ -493,6 +540,8 @@ def run_cli(
         for error in config_errors:
             stream.write(f"error: {error}\n")
         return EXIT_CONFIG_ERROR
+    if failures is not None:
+        return _report_failure(failures, log_path, stream, debug or os.environ.get(DEBUG_ENV) == "1")
     curve = write_curves(log_path, curve_keys)
     checkpoint = CheckpointLog(log_path).last()
     elapsed = _clock(time.monotonic() - started)
@@ -504,7 +553,7 @@ def run_cli(
         )
         stream.write(f"stopped after {elapsed}: {where}\n")
         stream.flush()
-        return EXIT_INTERRUPTED
+        return outcome.exit_code
     summary = _summary(outcome.result, elapsed, curve_keys)
     if checkpoint is not None:
         summary.append(f"checkpoint {checkpoint.state_path}")
@@ -513,6 +562,69 @@ def run_cli(
     stream.write("; ".join(summary) + "\n")
     stream.flush()
     return EXIT_OK
+
+
+def exit_quietly_on_stop_signals() -> None:
+    """Until the run starts, make Ctrl-C exit with 130 and SIGTERM with 143, without a traceback.
+
+    Call it first thing in a script, before the slow imports (torch takes seconds);
+    :func:`run_cli` takes the signals over for the run itself.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(EXIT_INTERRUPTED))
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(EXIT_TERMINATED))
+
+
+def _hand_signals_to_trio() -> None:
+    # Trio turns SIGINT into a KeyboardInterrupt at a safe point only when it
+    # finds Python's default handler; a SIGTERM that lands before the watcher
+    # listens must not raise inside Trio's scheduler, so it is only noted.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _EARLY_SIGNALS.append(signum))
+
+
+def _exit_quietly_on_stop_signals(outcome: _Outcome) -> None:
+    # After the run: the save is done or abandoned; a press now only ends the process.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _EARLY_SIGNALS.clear()
+    code = outcome.exit_code
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(code))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(code))
+
+
+def _report_failure(failures: BaseExceptionGroup[Exception], log_path: Path, stream: IO[str], debug: bool) -> int:
+    """One line per distinct error, the traceback written to ``error.log``; return :data:`EXIT_ERROR`."""
+    text = "".join(traceback.format_exception(failures))
+    log = log_path / ERROR_LOG
+    try:
+        log.write_text(text)
+        where = f"full traceback in {log}"
+    except OSError:
+        where = "the traceback could not be written; rerun with --debug to see it"
+    for error in _distinct_leaves(failures):
+        stream.write(f"error: {type(error).__name__}: {error}\n")
+    stream.write(f"{where}\n")
+    if debug:
+        stream.write(text)
+    stream.flush()
+    return EXIT_ERROR
+
+
+E = TypeVar("E", bound=Exception)
+
+
+def _distinct_leaves(group: BaseExceptionGroup[E]) -> list[E]:
+    """The leaves of a (possibly nested) group, each exception object once."""
+    leaves: list[E] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            leaves += _distinct_leaves(error)  # pyright: ignore[reportUnknownArgumentType]
+        elif not any(error is seen for seen in leaves):
+            leaves.append(error)
+    return leaves
 
 
 @dataclass
@@ -582,4 +694,5 @@ def run_example(
         progress_every=args.progress_every,
         sinks=sinks,
         out=stream,
+        debug=args.debug,
     )

@@ -151,7 +151,7 @@ async def run_pipeline(
             planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
             runner=runner,
             ledger=ledger,
-            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger),
+            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger, shielded=trainer.save_on_cancel),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
             metrics=metrics,
