@@ -1,11 +1,13 @@
 """trio_rl: reinforcement-learning post-training of language models on Trio.
 
-The public surface: the RL vocabulary (mirroring tinker-cookbook's ``rl/types.py``),
+The public surface: the RL vocabulary (tinker-cookbook 0.6.1's ``rl/types.py``, name
+for name), the asyncio bridge for cookbook code (:mod:`trio_rl.asyncio_bridge`),
 rollouts and error strategies, data processing, configuration, and the
 :func:`train` / :func:`run` entry points. Backends live in :mod:`trio_rl.backends`,
 fakes for tests in :mod:`trio_rl.testing`.
 """
 
+from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
 from .errors import ConfigError, GroupFailedError
@@ -22,15 +24,23 @@ from .rollouts import (
 )
 from .train import RunHandle, TrainResult, run, train
 from .types import (
+    PARSE_ERROR_MASKED_METRIC_KEY,
+    STOP_METRIC_PREFIX,
     Action,
+    ActionExtra,
     Env,
     EnvGroupBuilder,
+    InitialObservationOverflow,
+    Logprobs,
+    Logs,
     Metrics,
     Observation,
     RLDataset,
+    RLDatasetBuilder,
     RolloutError,
     StepResult,
     StopCondition,
+    StopReason,
     TokensWithLogprobs,
     Trajectory,
     TrajectoryGroup,
@@ -39,25 +49,35 @@ from .types import (
 
 __all__ = [
     "Action",
+    "ActionExtra",
     "AsyncConfig",
+    "BridgeMode",
     "Config",
     "ConfigError",
+    "DualSamplingClient",
     "Env",
     "EnvGroupBuilder",
     "ErrorStrategy",
     "FailFast",
     "GroupFailedError",
+    "InitialObservationOverflow",
+    "Logprobs",
+    "Logs",
     "Metrics",
     "MinViableGroup",
     "Observation",
+    "PARSE_ERROR_MASKED_METRIC_KEY",
     "RLDataset",
+    "RLDatasetBuilder",
     "RetryOnFailure",
     "RolloutError",
     "RunHandle",
+    "STOP_METRIC_PREFIX",
     "SamplingClientEvaluator",
     "SamplingPolicy",
     "StepResult",
     "StopCondition",
+    "StopReason",
     "StreamMinibatchConfig",
     "TokensWithLogprobs",
     "TrainResult",
@@ -70,6 +90,7 @@ __all__ = [
     "do_single_rollout",
     "remove_constant_reward_groups",
     "run",
+    "runs_on",
     "train",
     "trajectory_metrics",
     "trajectory_to_data",
