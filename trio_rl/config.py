@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from tinker import types as tinker_types
 
+from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
 from .rollouts import ErrorStrategy, FailFast
 
@@ -75,6 +76,11 @@ class Config:
         resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
         save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
+        asyncio_bridge: how coroutines of envs, builders and evaluators are run
+            (see :mod:`trio_rl.asyncio_bridge`): ``"auto"`` decides per call from
+            the object's module or its ``runs_on`` mark, ``"always"`` runs every one
+            on the run's asyncio loop (tinker-cookbook code), ``"never"`` runs
+            them as plain Trio coroutines and opens no loop (the fastest).
     """
 
     log_path: Path | str
@@ -107,6 +113,7 @@ class Config:
     resume: bool = False
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
+    asyncio_bridge: BridgeMode = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_path", Path(self.log_path))
@@ -208,6 +215,10 @@ class Config:
                 )
         if self.mode == "sync" and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
+        if self.asyncio_bridge not in BRIDGE_MODES:
+            raise ConfigError(
+                "asyncio_bridge", f"use one of {', '.join(map(repr, BRIDGE_MODES))}, not {self.asyncio_bridge!r}"
+            )
         if self.load_checkpoint_path is not None and self.resume:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
 

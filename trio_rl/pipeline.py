@@ -43,6 +43,7 @@ from typing import Any
 import trio
 from tinker import types as tinker_types
 
+from .asyncio_bridge import call_evaluator
 from .backends.protocol import PendingResult, SamplingClient, TrainingClient
 from .checkpoint import Checkpoint, CheckpointLog
 from .config import Config
@@ -50,7 +51,7 @@ from .data import assemble_training_data, is_constant_reward, split_evenly
 from .determinism import derive_seed, settle
 from .evaluation import SamplingClientEvaluator
 from .metrics import MetricsLog, trajectory_metrics
-from .rollouts import SamplingPolicy, TokenPolicy, group_envs, rollout_group
+from .rollouts import SamplingPolicy, TokenPolicy, group_envs, is_initial_overflow, rollout_group
 from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
 
@@ -337,7 +338,7 @@ async def evaluator_stage(
             results: Metrics = {}
             started = time.perf_counter()
             for evaluator in ctx.evaluators:
-                results.update(await evaluator(client))
+                results.update(await call_evaluator(evaluator, client))
             results["time/eval"] = time.perf_counter() - started
             ctx.metrics.record_eval(version, results)
 
@@ -626,6 +627,7 @@ class Trainer:
             "sampling_client/step_mean": sum(versions) / len(versions),
             "sampling_client/staleness_max": self.step - min(versions),
             "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
+            "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
         }
         metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
         return metrics

@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from .asyncio_bridge import open_user_code_runner
 from .backends.protocol import Backend, SamplingClient
 from .checkpoint import Checkpoint, CheckpointLog
 from .config import Config
@@ -156,7 +157,8 @@ async def train(
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        # User code that needs asyncio runs on one loop that lives as long as the stages.
+        async with open_user_code_runner(config.asyncio_bridge), trio.open_nursery() as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
             resume_from = checkpoints.last() if config.resume else None
             if resume_from is not None:

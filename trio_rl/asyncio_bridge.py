@@ -1,0 +1,399 @@
+"""Run asyncio-flavoured user code (tinker-cookbook's envs, evaluators) inside a Trio run.
+
+trio_rl is Trio all the way down; tinker-cookbook's envs and evaluators are
+asyncio coroutines that call ``asyncio.gather``, ``asyncio.to_thread``,
+``asyncio.Semaphore`` and friends, which fail under Trio. This module, the only
+one in trio_rl that imports asyncio, makes them run unchanged, on
+`trio-asyncio <https://trio-asyncio.readthedocs.io>`_:
+
+- :func:`open_user_code_runner` makes a :class:`UserCodeRunner` current for
+  every task the run starts. The first call that needs asyncio opens one
+  asyncio loop as a task of the run's nursery; it closes when the run's stages
+  end (or are cancelled), so it never outlives the run. A run that never needs
+  asyncio never imports trio-asyncio (whose import patches asyncio's loop
+  functions for the whole process).
+- :func:`call_user` is how trio_rl calls every coroutine method of user
+  objects (``Env.initial_observation`` / ``step``, ``EnvGroupBuilder.make_envs``
+  / ``make_env`` / ``compute_group_rewards`` / ``cleanup``); :func:`call_evaluator`
+  calls evaluators. Each call runs either natively in Trio or as an asyncio
+  task on the run's loop, decided per call (see :class:`UserCodeRunner`).
+- :class:`DualSamplingClient` is the other direction: a trio_rl sampling client
+  that asyncio code can await, with the tinker SDK's names (``sample``,
+  ``sample_async``, ``compute_logprobs``, ``compute_logprobs_async``). Bridged
+  evaluators receive one; wrap a client yourself for a cookbook completer.
+
+Which domain a coroutine needs cannot be read off the coroutine (both kinds are
+plain ``async def``), so :data:`BridgeMode` lets the run choose:
+
+- ``"never"``: no loop is opened and every call is a plain ``await`` (pure Trio,
+  the fastest; asyncio code fails as it would without trio_rl's help).
+- ``"always"``: every user coroutine runs as an asyncio task (Trio-flavoured user
+  code then fails: ``trio.sleep`` inside asyncio is an error).
+- ``"auto"`` (the default): per call, from what the object is. An explicit
+  :func:`runs_on` marker wins; otherwise the module that defines the method
+  decides: a module that imports trio is Trio, one that imports asyncio (or
+  aiohttp) is asyncio, and one that imports neither runs natively on Trio.
+  That last rule is a guess, and it is wrong for a method that imports nothing
+  but awaits an asyncio object defined elsewhere (an env whose ``step`` awaits a
+  user-supplied asyncio completer): mark such a class with
+  ``@runs_on("asyncio")`` or set ``asyncio_bridge="always"``.
+
+Cancellation crosses both ways: cancelling the Trio caller throws one
+``asyncio.CancelledError`` into the asyncio task (so ``gather``\\ ed children are
+cancelled with it), and an asyncio exception reaches the Trio caller as itself.
+When the run ends, the loop closes and cancels asyncio tasks that are still
+running (``create_task`` without an ``await``).
+
+Time: the loop's clock is Trio's, so ``asyncio.sleep`` and asyncio timeouts follow
+``trio.testing.MockClock`` (autojump included). Thread-based asyncio calls
+(``asyncio.to_thread``, ``run_in_executor``) do not: a thread in flight is not
+activity for autojump, as for Trio's own threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import sys
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+
+import sniffio
+import trio
+from tinker import types as tinker_types
+
+from .backends.protocol import SamplingClient
+
+if TYPE_CHECKING:
+    import trio_asyncio
+
+BridgeMode = Literal["auto", "always", "never"]
+"""How user coroutines are run: see the module docstring."""
+
+BRIDGE_MODES: tuple[str, ...] = get_args(BridgeMode)
+
+Flavour = Literal["trio", "asyncio"]
+"""The async library a coroutine function was written for."""
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+_MARKER = "__trio_rl_flavour__"
+# Imported by a module, these make its coroutines asyncio-flavoured (aiohttp
+# sessions and requests only work on a running asyncio loop).
+_ASYNCIO_MODULES = ("asyncio", "aiohttp")
+
+
+def runs_on(flavour: Flavour) -> Callable[[C], C]:
+    """Mark a class or coroutine function as written for ``flavour``; ``"auto"`` obeys the mark.
+
+    Use it where auto's guess from the module is wrong, e.g. on an env whose
+    module imports nothing but which awaits an asyncio object::
+
+        @runs_on("asyncio")
+        class MyEnv(Env): ...
+    """
+    if flavour not in get_args(Flavour):
+        raise ValueError(f"runs_on() takes 'trio' or 'asyncio', not {flavour!r}")
+
+    def mark(obj: C) -> C:
+        setattr(obj, _MARKER, flavour)
+        return obj
+
+    return mark
+
+
+def _is_from(value: object, names: tuple[str, ...]) -> bool:
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+    else:
+        name = getattr(value, "__module__", None) or ""
+        if not isinstance(name, str):
+            return False
+    return any(name == n or name.startswith(n + ".") for n in names)
+
+
+@functools.cache
+def _module_flavour(module_name: str) -> Flavour | None:
+    """What a module's imports say about its coroutines (None: neither library)."""
+    module = sys.modules.get(module_name)
+    if module is None:
+        return None
+    values = list(vars(module).values())
+    # A module that imports both (one that bridges by hand) is taken at its
+    # Trio word: its asyncio use is already wrapped.
+    if any(_is_from(v, ("trio",)) for v in values):
+        return "trio"
+    if any(_is_from(v, _ASYNCIO_MODULES) for v in values):
+        return "asyncio"
+    return None
+
+
+def flavour_of(fn: Callable[..., Any]) -> Flavour:
+    """The domain ``"auto"`` runs ``fn`` in: its :func:`runs_on` mark, else its module's imports.
+
+    ``fn`` is a coroutine function, a bound method, or an object with an async
+    ``__call__``. Neither library imported means Trio (see the module docstring).
+    """
+    owner = getattr(fn, "__self__", None)
+    for holder in (fn, getattr(fn, "__func__", None), owner, type(owner) if owner is not None else None):
+        mark = getattr(holder, _MARKER, None) if holder is not None else None
+        if mark is not None:
+            return mark  # type: ignore[no-any-return]
+    target = getattr(fn, "__func__", fn)
+    if not inspect.isfunction(target):
+        # A callable object (an evaluator): its class's __call__ says.
+        target = getattr(type(fn), "__call__", target)
+    target = inspect.unwrap(target)
+    return _module_flavour(getattr(target, "__module__", "") or "") or "trio"
+
+
+class UserCodeRunner:
+    """Calls user coroutines in the domain they need, on one run's asyncio loop.
+
+    Get one from :func:`open_user_code_runner`; trio_rl's stages reach the
+    current one through :func:`call_user` and :func:`call_evaluator`.
+
+    Args:
+        mode: see :data:`BridgeMode`.
+        nursery: where the asyncio loop's task runs, opened at the first call
+            that needs it (None for ``"never"``).
+    """
+
+    def __init__(self, mode: BridgeMode, nursery: trio.Nursery | None) -> None:
+        if mode != "never" and nursery is None:
+            raise ValueError(f"asyncio_bridge={mode!r} needs a nursery to run its asyncio loop in")
+        self.mode = mode
+        self._nursery = nursery
+        self._loop: trio_asyncio.TrioEventLoop | None = None
+        self._opening = trio.Lock()
+        self._closed = trio.Event()
+        self.bridged_calls = 0
+        """How many calls ran as asyncio tasks."""
+
+    def flavour(self, fn: Callable[..., Any]) -> Flavour:
+        """Where this runner would run ``fn``."""
+        if self.mode == "never":
+            return "trio"
+        if self.mode == "always":
+            return "asyncio"
+        return flavour_of(fn)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """``await fn(*args, **kwargs)`` in ``fn``'s domain; exceptions propagate as themselves.
+
+        Raises:
+            trio.Cancelled: when the caller is cancelled; an asyncio task being
+                run gets ``asyncio.CancelledError`` first.
+            RuntimeError: for an asyncio call after the run's stages ended.
+        """
+        if self.mode == "never" or self.flavour(fn) == "trio":
+            return await fn(*args, **kwargs)
+        loop = await self._open_loop()
+        self.bridged_calls += 1
+        import trio_asyncio
+
+        # aio_as_trio(fn)(...) creates the coroutine inside the asyncio task, so
+        # even its first line runs with a running asyncio loop.
+        return await trio_asyncio.aio_as_trio(fn, loop=loop)(*args, **kwargs)  # type: ignore[no-any-return]
+
+    async def call_evaluator(self, evaluator: Callable[[Any], Awaitable[T]], client: SamplingClient) -> T:
+        """Run ``evaluator(client)``; a bridged evaluator gets a :class:`DualSamplingClient`."""
+        if self.mode == "never" or self.flavour(evaluator) == "trio":
+            return await evaluator(client)
+        return await self.call(evaluator, DualSamplingClient.wrap(client))
+
+    async def _open_loop(self) -> trio_asyncio.TrioEventLoop:
+        async with self._opening:
+            if self._closed.is_set():
+                raise RuntimeError("this run's asyncio loop is closed: its stages have ended")
+            if self._loop is None:
+                assert self._nursery is not None
+                self._loop = await self._nursery.start(self._serve_loop)
+        return self._loop
+
+    async def _serve_loop(self, *, task_status: trio.TaskStatus[trio_asyncio.TrioEventLoop]) -> None:
+        import trio_asyncio
+
+        async with trio_asyncio.open_loop() as loop:
+            task_status.started(loop)
+            await self._closed.wait()
+
+    def close(self) -> None:
+        """Let the loop's task end (closing the loop cancels asyncio tasks still running)."""
+        self._closed.set()
+
+
+_NATIVE = UserCodeRunner("never", None)
+_current_runner: ContextVar[UserCodeRunner] = ContextVar("trio_rl_user_code_runner", default=_NATIVE)
+
+
+def current_runner() -> UserCodeRunner:
+    """The runner of the run this task belongs to (a pure-Trio one outside any run)."""
+    return _current_runner.get()
+
+
+async def call_user(fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    """Call a user coroutine through the current run's :class:`UserCodeRunner`."""
+    return await _current_runner.get().call(fn, *args, **kwargs)
+
+
+async def call_evaluator(evaluator: Callable[[Any], Awaitable[T]], client: SamplingClient) -> T:
+    """Call an evaluator through the current run's :class:`UserCodeRunner`."""
+    return await _current_runner.get().call_evaluator(evaluator, client)
+
+
+@asynccontextmanager
+async def open_user_code_runner(mode: BridgeMode) -> AsyncIterator[UserCodeRunner]:
+    """Make a runner current for the tasks started inside; it owns the run's asyncio loop.
+
+    Enter it in the run's task around the nursery that runs the stages
+    (``async with open_user_code_runner(mode), trio.open_nursery() as nursery:``):
+    tasks started inside inherit the runner, and the loop, opened at the first
+    call that needs it, closes once every stage (the evaluator included) has
+    ended, cancelling asyncio tasks that user code left running. An exception
+    from the body comes out as itself, not wrapped in another group.
+
+    Raises:
+        ValueError: for a mode that is not one of :data:`BRIDGE_MODES`.
+    """
+    if mode not in BRIDGE_MODES:
+        raise ValueError(f"asyncio_bridge must be one of {', '.join(BRIDGE_MODES)}, not {mode!r}")
+    if mode == "never":
+        token = _current_runner.set(_NATIVE)
+        try:
+            yield _NATIVE
+        finally:
+            _current_runner.reset(token)
+        return
+    body_error: BaseException | None = None
+    unwrap = False
+    try:
+        async with trio.open_nursery() as loop_nursery:
+            runner = UserCodeRunner(mode, loop_nursery)
+            token = _current_runner.set(runner)
+            try:
+                yield runner
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                _current_runner.reset(token)
+                runner.close()
+    except BaseExceptionGroup as group:
+        # The nursery wraps the body's own exception in a group of one. When that
+        # is all there is (the loop's task did not fail), hand the body's
+        # exception on as itself: train() raises the same group with or without
+        # the bridge. Anything else is a real second failure and stays grouped.
+        if body_error is None or len(group.exceptions) != 1 or group.exceptions[0] is not body_error:
+            raise
+        unwrap = True
+    if unwrap:
+        assert body_error is not None
+        raise body_error
+
+
+def _in_asyncio() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+
+
+class DualSamplingClient:
+    """A trio_rl sampling client that Trio and asyncio code can both await.
+
+    Each method returns what the calling domain can await: from Trio, the
+    wrapped client's coroutine; from an asyncio task on trio_rl's loop, an
+    asyncio future that runs it in Trio (``trio_asyncio.trio_as_aio``). It has
+    trio_rl's names and the tinker SDK's (``sample_async``,
+    ``compute_logprobs_async``), so cookbook completers and evaluators written
+    against ``tinker.SamplingClient`` use it unchanged. Other attributes are
+    the wrapped client's.
+
+    Args:
+        client: the trio_rl sampling client.
+    """
+
+    def __init__(self, client: SamplingClient) -> None:
+        self._client = client
+
+    @classmethod
+    def wrap(cls, client: SamplingClient) -> DualSamplingClient:
+        """``client`` itself if it is already dual, else a wrapper around it."""
+        return client if isinstance(client, DualSamplingClient) else cls(client)
+
+    @property
+    def wrapped(self) -> SamplingClient:
+        """The trio_rl client underneath."""
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def _dispatch(self, method: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
+        if _in_asyncio():
+            import trio_asyncio
+
+            # The running loop, not trio-asyncio's context variable: that one is set
+            # only in the task that opened the loop, not in tasks user code spawns.
+            return trio_asyncio.trio_as_aio(method, loop=asyncio.get_running_loop())(*args)  # type: ignore[no-any-return]
+        return method(*args)
+
+    def sample(
+        self,
+        prompt: tinker_types.ModelInput,
+        num_samples: int,
+        sampling_params: tinker_types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> Awaitable[tinker_types.SampleResponse]:
+        """Sample ``num_samples`` continuations (the prompt-logprob options are not supported).
+
+        Raises:
+            NotImplementedError: if prompt logprobs are asked for.
+        """
+        if include_prompt_logprobs or topk_prompt_logprobs:
+            raise NotImplementedError("trio_rl sampling clients do not return prompt logprobs from sample()")
+        return self._dispatch(self._client.sample, prompt, num_samples, sampling_params)
+
+    async def sample_async(
+        self,
+        prompt: tinker_types.ModelInput,
+        num_samples: int,
+        sampling_params: tinker_types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> tinker_types.SampleResponse:
+        """The tinker SDK's name for :meth:`sample`."""
+        return await self.sample(prompt, num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)
+
+    def compute_logprobs(self, prompt: tinker_types.ModelInput) -> Awaitable[list[float | None]]:
+        """Score ``prompt``: each token's logprob given those before it (None first)."""
+        return self._dispatch(self._client.compute_logprobs, prompt)
+
+    async def compute_logprobs_async(self, prompt: tinker_types.ModelInput) -> list[float | None]:
+        """The tinker SDK's name for :meth:`compute_logprobs`."""
+        return await self.compute_logprobs(prompt)
+
+    def __repr__(self) -> str:
+        return f"DualSamplingClient({self._client!r})"
+
+
+__all__ = [
+    "BRIDGE_MODES",
+    "BridgeMode",
+    "DualSamplingClient",
+    "Flavour",
+    "UserCodeRunner",
+    "call_evaluator",
+    "call_user",
+    "current_runner",
+    "flavour_of",
+    "open_user_code_runner",
+    "runs_on",
+]
