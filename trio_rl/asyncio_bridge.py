@@ -44,6 +44,11 @@ cancelled with it), and an asyncio exception reaches the Trio caller as itself.
 When the run ends, the loop closes and cancels asyncio tasks that are still
 running (``create_task`` without an ``await``).
 
+Importing trio-asyncio patches asyncio for the process; trio_rl imports it only
+when a run first bridges a call, and then restores plain ``asyncio.new_event_loop``
+(see :func:`_import_trio_asyncio`), so the tinker SDK's own loop thread and
+``asyncio.run`` elsewhere keep working.
+
 Time: the loop's clock is Trio's, so ``asyncio.sleep`` and asyncio timeouts follow
 ``trio.testing.MockClock`` (autojump included). Thread-based asyncio calls
 (``asyncio.to_thread``, ``run_in_executor``) do not: a thread in flight is not
@@ -152,6 +157,32 @@ def flavour_of(fn: Callable[..., Any]) -> Flavour:
     return _module_flavour(getattr(target, "__module__", "") or "") or "trio"
 
 
+@functools.cache
+def _import_trio_asyncio() -> types.ModuleType:
+    """Import trio-asyncio, once, and give plain loop creation back to everyone else.
+
+    Importing trio-asyncio replaces ``asyncio.new_event_loop`` for the whole
+    process: afterwards a thread that makes itself a loop (the tinker SDK's
+    request thread, ``asyncio.run`` anywhere) gets a trio-asyncio "sync loop",
+    and one made from a Trio task raises. trio_rl's bridge never makes loops
+    that way (``open_loop`` builds its own), so the stock behaviour is put
+    back: ``new_event_loop`` makes a loop of the policy in force before the
+    import. Everything trio-asyncio needs to run asyncio inside Trio (its
+    ``get_running_loop`` and policy lookups) stays as it installed it.
+    """
+    import trio_asyncio
+    import trio_asyncio._loop as trio_asyncio_loop
+
+    original_policy = getattr(trio_asyncio_loop, "_original_policy", None) or asyncio.DefaultEventLoopPolicy()
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        return original_policy.new_event_loop()
+
+    asyncio.new_event_loop = new_event_loop
+    asyncio.events.new_event_loop = new_event_loop
+    return trio_asyncio
+
+
 class UserCodeRunner:
     """Calls user coroutines in the domain they need, on one run's asyncio loop.
 
@@ -195,8 +226,7 @@ class UserCodeRunner:
             return await fn(*args, **kwargs)
         loop = await self._open_loop()
         self.bridged_calls += 1
-        import trio_asyncio
-
+        trio_asyncio = _import_trio_asyncio()
         # aio_as_trio(fn)(...) creates the coroutine inside the asyncio task, so
         # even its first line runs with a running asyncio loop.
         return await trio_asyncio.aio_as_trio(fn, loop=loop)(*args, **kwargs)  # type: ignore[no-any-return]
@@ -217,9 +247,7 @@ class UserCodeRunner:
         return self._loop
 
     async def _serve_loop(self, *, task_status: trio.TaskStatus[trio_asyncio.TrioEventLoop]) -> None:
-        import trio_asyncio
-
-        async with trio_asyncio.open_loop() as loop:
+        async with _import_trio_asyncio().open_loop() as loop:
             task_status.started(loop)
             await self._closed.wait()
 
@@ -337,8 +365,7 @@ class DualSamplingClient:
 
     def _dispatch(self, method: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
         if _in_asyncio():
-            import trio_asyncio
-
+            trio_asyncio = _import_trio_asyncio()
             # The running loop, not trio-asyncio's context variable: that one is set
             # only in the task that opened the loop, not in tasks user code spawns.
             return trio_asyncio.trio_as_aio(method, loop=asyncio.get_running_loop())(*args)  # type: ignore[no-any-return]
