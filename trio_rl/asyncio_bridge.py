@@ -32,11 +32,12 @@ plain ``async def``), so :data:`BridgeMode` lets the run choose:
 - ``"auto"`` (the default): per call, from what the object is. An explicit
   :func:`runs_on` marker wins; otherwise the module that defines the method
   decides: a module that imports trio is Trio, one that imports asyncio (or
-  aiohttp) is asyncio, and one that imports neither runs natively on Trio.
-  That last rule is a guess, and it is wrong for a method that imports nothing
-  but awaits an asyncio object defined elsewhere (an env whose ``step`` awaits a
-  user-supplied asyncio completer): mark such a class with
-  ``@runs_on("asyncio")`` or set ``asyncio_bridge="always"``.
+  aiohttp, or anything from tinker_cookbook, or is part of tinker_cookbook)
+  is asyncio, and one that imports neither runs natively on Trio. That last
+  rule is a guess, and it is wrong for a method whose module imports none of
+  these but which awaits an asyncio object defined elsewhere (an env ported to
+  ``trio_rl.types`` whose ``step`` awaits a user-supplied asyncio grader): mark
+  such a class with ``@runs_on("asyncio")`` or set ``asyncio_bridge="always"``.
 
 Cancellation crosses both ways: cancelling the Trio caller throws one
 ``asyncio.CancelledError`` into the asyncio task (so ``gather``\\ ed children are
@@ -88,9 +89,11 @@ T = TypeVar("T")
 C = TypeVar("C")
 
 _MARKER = "__trio_rl_flavour__"
-# Imported by a module, these make its coroutines asyncio-flavoured (aiohttp
-# sessions and requests only work on a running asyncio loop).
-_ASYNCIO_MODULES = ("asyncio", "aiohttp")
+# Imported by a module (or naming the module itself), these make its
+# coroutines asyncio-flavoured: aiohttp only works on a running asyncio loop,
+# and code written for tinker-cookbook is asyncio code throughout, including
+# methods that only await other cookbook objects (a completer, a grader).
+_ASYNCIO_MODULES = ("asyncio", "aiohttp", "tinker_cookbook")
 
 
 def runs_on(flavour: Flavour) -> Callable[[C], C]:
@@ -125,6 +128,8 @@ def _is_from(value: object, names: tuple[str, ...]) -> bool:
 @functools.cache
 def _module_flavour(module_name: str) -> Flavour | None:
     """What a module's imports say about its coroutines (None: neither library)."""
+    if _is_from(types.ModuleType(module_name), _ASYNCIO_MODULES):
+        return "asyncio"
     module = sys.modules.get(module_name)
     if module is None:
         return None
@@ -275,6 +280,19 @@ async def call_evaluator(evaluator: Callable[[Any], Awaitable[T]], client: Sampl
     return await _current_runner.get().call_evaluator(evaluator, client)
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _same_leaves(a: BaseException, b: BaseException) -> bool:
+    # Trio's cancel scope rebuilds (splits) a group on its way out, so the body's
+    # group comes back as an equal copy holding the very same leaf exceptions.
+    leaves_a, leaves_b = _leaves(a), _leaves(b)
+    return len(leaves_a) == len(leaves_b) and all(x is y for x, y in zip(leaves_a, leaves_b))
+
+
 @asynccontextmanager
 async def open_user_code_runner(mode: BridgeMode) -> AsyncIterator[UserCodeRunner]:
     """Make a runner current for the tasks started inside; it owns the run's asyncio loop.
@@ -317,7 +335,7 @@ async def open_user_code_runner(mode: BridgeMode) -> AsyncIterator[UserCodeRunne
         # is all there is (the loop's task did not fail), hand the body's
         # exception on as itself: train() raises the same group with or without
         # the bridge. Anything else is a real second failure and stays grouped.
-        if body_error is None or len(group.exceptions) != 1 or group.exceptions[0] is not body_error:
+        if body_error is None or len(group.exceptions) != 1 or not _same_leaves(group.exceptions[0], body_error):
             raise
         unwrap = True
     if unwrap:

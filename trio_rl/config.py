@@ -78,7 +78,7 @@ class Config:
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
         asyncio_bridge: how coroutines of envs, builders and evaluators are run
             (see :mod:`trio_rl.asyncio_bridge`): ``"auto"`` decides per call from
-            the object's module or its ``runs_on`` mark, ``"always"`` runs every one
+            the defining module's imports (asyncio, aiohttp, tinker_cookbook) or a ``runs_on`` mark, ``"always"`` runs every one
             on the run's asyncio loop (tinker-cookbook code), ``"never"`` runs
             them as plain Trio coroutines and opens no loop (the fastest).
     """
