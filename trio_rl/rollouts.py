@@ -106,6 +106,7 @@ def _step_takes_extra(step: Callable[..., object]) -> bool:
 
 
 def _overflow_trajectory(overflow: InitialObservationOverflow) -> Trajectory:
+    """The trajectory of a rollout whose env returned ``overflow`` (read by field name)."""
     # As in the cookbook: one synthetic, empty transition carrying the overflow's
     # reward; it yields no training tokens but counts in the group's mean.
     empty = compat.model_input_from_ints([])
@@ -114,8 +115,8 @@ def _overflow_trajectory(overflow: InitialObservationOverflow) -> Trajectory:
         ac=TokensWithLogprobs(tokens=[], maybe_logprobs=[]),
         reward=overflow.reward,
         episode_done=True,
-        metrics=dict(overflow.metrics),
-        logs=dict(overflow.logs),
+        metrics=dict(getattr(overflow, "metrics", {})),
+        logs=dict(getattr(overflow, "logs", {})),
     )
     return Trajectory([transition], final_ob=empty, stop_reason=stop_reason_from_metrics(transition.metrics))
 
@@ -138,7 +139,13 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     :attr:`Trajectory.stop_reason`.
     """
     initial = await call_user(env.initial_observation)
-    if isinstance(initial, InitialObservationOverflow):
+    # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
+    if not isinstance(initial, tuple):
+        if not hasattr(initial, "reward"):
+            raise TypeError(
+                f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
+                "expected (observation, stop_condition) or InitialObservationOverflow"
+            )
         return _overflow_trajectory(initial)
     ob, stop = initial
     takes_extra = _step_takes_extra(type(env).step)
@@ -149,7 +156,8 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
             result = await call_user(env.step, action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
         else:
             result = await call_user(env.step, action.tokens)
-        transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, result.logs)
+        # Results are read by field name: a cookbook env returns the cookbook's StepResult.
+        transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {}))
         transitions.append(transition)
         if result.episode_done:
             return Trajectory(
