@@ -258,3 +258,43 @@ def test_arithmetic_on_local_backend_with_a_cookbook_renderer(tmp_path: Path) ->
     assert all(r["train/loss:sum"] == r["train/loss:sum"] for r in result.step_metrics)  # a real, finite loss
     assert result.checkpoint is not None and result.checkpoint.step == 2
     assert holder["renderer"].get_stop_sequences() == ["\n\nUser:"]
+
+
+# ---------------------------------------------------------------- the bridge is what makes them run
+
+
+def _rubric_dataset() -> Any:
+    datapoints = [RubricBasedDatapoint(convo=[{"role": "user", "content": "Hi."}], rubric_items=[Rubric("Polite?")])] * 2
+    return RubricGradedDataset(renderer=RENDERER, batch_size=2, group_size=2, datapoints=datapoints, grader_llm=ScoringGrader())
+
+
+def _message_dataset() -> Any:
+    return ListDataset([GSM8KGroupBuilder("What is 1 + 1?", "2", 2)] * 2, 2)
+
+
+def _evaluator_case() -> tuple[Any, list[Any]]:
+    test_set = ArithmeticDataset(batch_size=1, renderer=RENDERER, group_size=2, n_batches=1)
+    return ArithmeticDataset(batch_size=2, renderer=RENDERER, group_size=2, n_batches=1), [
+        RLTestSetEvaluator(test_set, max_tokens=8)
+    ]
+
+
+@pytest.mark.parametrize("case", ["rubric (asyncio.gather)", "message env (asyncio.to_thread)", "RLTestSetEvaluator"])
+def test_without_the_bridge_these_fail_as_the_issue_describes(tmp_path: Path, case: str) -> None:
+    evaluators: list[Any] = []
+    if case.startswith("rubric"):
+        dataset = _rubric_dataset()
+    elif case.startswith("message"):
+        dataset = _message_dataset()
+    else:
+        dataset, evaluators = _evaluator_case()
+    # With the bridge (auto) the case trains...
+    result = run_training(tmp_path / "auto", "sync", dataset, 2, evaluators=evaluators)
+    assert result.final_step == len(dataset)
+    # ...and with asyncio_bridge="never" it fails the way it does under plain Trio.
+    failures: list[BaseException] = []
+    try:
+        run_training(tmp_path / "never", "sync", dataset, 2, evaluators=evaluators, asyncio_bridge="never")
+    except* (RuntimeError, TypeError, AttributeError) as group:
+        failures.extend(group.exceptions)
+    assert failures
