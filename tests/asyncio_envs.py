@@ -73,7 +73,7 @@ class GatheringEnv(Env):
         self.log.loop_times.append(asyncio.get_running_loop().time())
         if self.gate is not None:
             async with self.gate:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(min(0.1, self.delay))
         rewards = await asyncio.gather(self._child(action), self._child(list(reversed(action))))
         return StepResult(
             reward=sum(rewards) / 2,
@@ -202,3 +202,8 @@ async def asyncio_sleep_then_time(delay: float) -> float:
     """Sleep with asyncio; return the loop's clock afterwards."""
     await asyncio.sleep(delay)
     return asyncio.get_running_loop().time()
+
+
+async def await_trio(client: Any) -> Any:
+    """An asyncio coroutine awaiting a Trio one through a DualSamplingClient (for bench/asyncio_bridge.py)."""
+    return await client.sample(None, 1, None)

@@ -148,15 +148,36 @@ def flavour_of(fn: Callable[..., Any]) -> Flavour:
 
     ``fn`` is a coroutine function, a bound method, or an object with an async
     ``__call__``. Neither library imported means Trio (see the module docstring).
+    The answer is cached per function and owner class (marks go on classes and
+    functions, not on instances).
     """
+    func = getattr(fn, "__func__", None)
+    key = (func, type(getattr(fn, "__self__", None))) if func is not None else (fn if inspect.isfunction(fn) else type(fn), None)
+    try:
+        return _FLAVOURS[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable: judge it afresh
+        return _judge(fn)
+    flavour = _FLAVOURS[key] = _judge(fn)
+    return flavour
+
+
+_FLAVOURS: dict[tuple[Any, Any], Flavour] = {}
+
+
+def _judge(fn: Callable[..., Any]) -> Flavour:
     owner = getattr(fn, "__self__", None)
-    for holder in (fn, getattr(fn, "__func__", None), owner, type(owner) if owner is not None else None):
+    for holder in (fn, getattr(fn, "__func__", None), type(owner) if owner is not None else None):
         mark = getattr(holder, _MARKER, None) if holder is not None else None
         if mark is not None:
             return mark  # type: ignore[no-any-return]
     target = getattr(fn, "__func__", fn)
     if not inspect.isfunction(target):
-        # A callable object (an evaluator): its class's __call__ says.
+        # A callable object (an evaluator): its class's mark, or its class's __call__, says.
+        mark = getattr(type(fn), _MARKER, None)
+        if mark is not None:
+            return mark  # type: ignore[no-any-return]
         target = getattr(type(fn), "__call__", target)
     target = inspect.unwrap(target)
     return _module_flavour(getattr(target, "__module__", "") or "") or "trio"
@@ -219,16 +240,33 @@ class UserCodeRunner:
             return "asyncio"
         return flavour_of(fn)
 
-    async def call(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-        """``await fn(*args, **kwargs)`` in ``fn``'s domain; exceptions propagate as themselves.
+    def call(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        """What to await for ``fn(*args, **kwargs)`` in ``fn``'s domain; exceptions propagate as themselves.
 
-        Raises:
+        A Trio call returns ``fn``'s own coroutine (no wrapper, so the native
+        path costs one lookup); an asyncio one returns a Trio coroutine that
+        runs it as an asyncio task on the run's loop.
+
+        Raises (when awaited):
             trio.Cancelled: when the caller is cancelled; an asyncio task being
                 run gets ``asyncio.CancelledError`` first.
             RuntimeError: for an asyncio call after the run's stages ended.
         """
         if self.mode == "never" or self.flavour(fn) == "trio":
-            return await fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+        return self._bridged(fn, *args, **kwargs)
+
+    def bind(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        """``fn`` itself if it runs natively, else a function that runs it on the loop.
+
+        The decision for a method that is called many times (``env.step``) is
+        then made once per rollout, and the native path costs nothing per call.
+        """
+        if self.mode == "never" or self.flavour(fn) == "trio":
+            return fn
+        return functools.partial(self._bridged, fn)
+
+    async def _bridged(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         loop = await self._open_loop()
         self.bridged_calls += 1
         trio_asyncio = _import_trio_asyncio()
@@ -240,7 +278,7 @@ class UserCodeRunner:
         """Run ``evaluator(client)``; a bridged evaluator gets a :class:`DualSamplingClient`."""
         if self.mode == "never" or self.flavour(evaluator) == "trio":
             return await evaluator(client)
-        return await self.call(evaluator, DualSamplingClient.wrap(client))
+        return await self._bridged(evaluator, DualSamplingClient.wrap(client))
 
     async def _open_loop(self) -> trio_asyncio.TrioEventLoop:
         async with self._opening:
@@ -270,9 +308,9 @@ def current_runner() -> UserCodeRunner:
     return _current_runner.get()
 
 
-async def call_user(fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-    """Call a user coroutine through the current run's :class:`UserCodeRunner`."""
-    return await _current_runner.get().call(fn, *args, **kwargs)
+def call_user(fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+    """``await call_user(fn, ...)`` calls a user coroutine through the current run's :class:`UserCodeRunner`."""
+    return _current_runner.get().call(fn, *args, **kwargs)
 
 
 async def call_evaluator(evaluator: Callable[[Any], Awaitable[T]], client: SamplingClient) -> T:

@@ -33,7 +33,7 @@ import outcome
 import trio
 from tinker import types as tinker_types
 
-from .asyncio_bridge import call_user
+from .asyncio_bridge import call_user, current_runner
 from . import _tinker_compat as compat
 from .backends.protocol import SamplingClient
 from .errors import GroupFailedError
@@ -138,7 +138,8 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     without sampling; the final transition's ``stop/<reason>`` metric becomes
     :attr:`Trajectory.stop_reason`.
     """
-    initial = await call_user(env.initial_observation)
+    runner = current_runner()
+    initial = await runner.call(env.initial_observation)
     # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
     if not isinstance(initial, tuple):
         if not hasattr(initial, "reward"):
@@ -149,13 +150,14 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
         return _overflow_trajectory(initial)
     ob, stop = initial
     takes_extra = _step_takes_extra(type(env).step)
+    step = runner.bind(env.step)
     transitions: list[Transition] = []
     while True:
         action = await policy(ob, stop)
         if takes_extra:
-            result = await call_user(env.step, action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
+            result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
         else:
-            result = await call_user(env.step, action.tokens)
+            result = await step(action.tokens)
         # Results are read by field name: a cookbook env returns the cookbook's StepResult.
         transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {}))
         transitions.append(transition)
