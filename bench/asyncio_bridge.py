@@ -11,6 +11,10 @@ Per call (real time, one coroutine that returns at once, best of 5 rounds):
 - ``asyncio code calling trio``: an asyncio coroutine awaiting a Trio coroutine
   through :class:`~trio_rl.DualSamplingClient` (``trio_as_aio``), net of the bridged call around it.
 
+Determinism: two seeded runs of the asyncio envs under ``MockClock(autojump_threshold=0)``:
+are their metrics identical, and is the order in which a group's envs took a
+shared ``asyncio.Semaphore`` identical?
+
 Per run: CPU seconds per group of a FakeDataset run (Trio envs) with
 ``asyncio_bridge="never"`` and ``"auto"``, and of the asyncio envs of
 tests/asyncio_envs.py under ``"auto"`` (zero latencies, sync mode).
@@ -89,6 +93,25 @@ def per_run(dataset_factory: Callable[[], Any], bridge: str, batches: int) -> fl
     return best / (batches * 8) * 1e6
 
 
+def seeded_asyncio_run(seed: int) -> tuple[list[dict[str, Any]], list[tuple[int, int, int]]]:
+    """Metrics (wall-time keys dropped) and semaphore order of one seeded asyncio run in virtual time."""
+    import trio.testing
+
+    from trio_rl.metrics import WALL_TIME_PREFIX
+
+    dataset = asyncio_envs.AsyncioDataset(4, 4, delay=0.5, group_size=4)
+
+    async def main() -> list[dict[str, Any]]:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Config(log_path=Path(tmp), eval_every=0, save_every=0, seed=seed)
+            async with FakeBackend(seed=seed, sample_latency=1.0) as backend:
+                result = await train(config, dataset=dataset, backend=backend)
+        return [{k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)} for r in result.metrics]
+
+    metrics = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return metrics, dataset.log.gate_order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -99,6 +122,10 @@ def main() -> None:
     print("per call (us, best of 5):")
     for name, us in trio.run(per_call, n).items():
         print(f"  {name:28s} {us:8.2f}")
+    runs = [seeded_asyncio_run(seed=5) for _ in range(5)]
+    print("determinism, 5 seeded runs of asyncio envs under autojump:")
+    print(f"  metrics identical            {all(r[0] == runs[0][0] for r in runs)}")
+    print(f"  semaphore order identical    {all(r[1] == runs[0][1] for r in runs)}")
     print("per group, whole run at zero latency (CPU us, best of 3; 8 groups x 4 envs per step):")
     trio_data = lambda: FakeDataset(batches, 8)  # noqa: E731
     asyncio_data = lambda: asyncio_envs.AsyncioDataset(batches, 8, delay=0.0, group_size=4)  # noqa: E731

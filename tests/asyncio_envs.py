@@ -39,6 +39,7 @@ class AsyncioLog:
     finished_children: int = 0
     background: list[asyncio.Task[None]] = field(default_factory=list)
     loop_times: list[float] = field(default_factory=list)
+    gate_order: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 # One semaphore slot for all envs of a run: every step but one waits, so the
@@ -73,6 +74,7 @@ class GatheringEnv(Env):
         self.log.loop_times.append(asyncio.get_running_loop().time())
         if self.gate is not None:
             async with self.gate:
+                self.log.gate_order.append(self.key)
                 await asyncio.sleep(min(0.1, self.delay))
         rewards = await asyncio.gather(self._child(action), self._child(list(reversed(action))))
         return StepResult(

@@ -249,7 +249,7 @@ def _run_seeded(log_path: Path, mode: str, seed: int) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)} for r in records]
 
 
-@pytest.mark.parametrize("mode", MODE_NAMES)
+@pytest.mark.parametrize("mode", [*MODE_NAMES, "requeue"])
 def test_two_seeded_runs_of_asyncio_envs_are_identical(tmp_path: Path, mode: str) -> None:
     first = _run_seeded(tmp_path / "a", mode, seed=3)
     second = _run_seeded(tmp_path / "b", mode, seed=3)
