@@ -87,18 +87,10 @@ def test_guess_number_dataset(tmp_path: Path, mode: str) -> None:
     assert result.step_metrics[0]["env/all/turns_per_episode"] > 1
 
 
+@pytest.mark.parametrize("answerer_type", [YesNoAnswerer, AsyncioAnswerer], ids=["pure-python", "asyncio"])
 @pytest.mark.parametrize("mode", MODE_NAMES)
-def test_twenty_questions_with_a_pure_python_answerer(tmp_path: Path, mode: str) -> None:
-    answerer = YesNoAnswerer()
-    dataset = TwentyQuestionsDataset(answerer=answerer, answers=WORDS[:4], renderer=RENDERER, batch_size=2, group_size=2)
-    result = run_training(tmp_path, mode, dataset, 2)
-    assert_trained(result, 2, 4)
-    assert answerer.calls >= 4 * 2
-
-
-@pytest.mark.parametrize("mode", MODE_NAMES)
-def test_twenty_questions_with_an_asyncio_answerer(tmp_path: Path, mode: str) -> None:
-    answerer = AsyncioAnswerer()
+def test_twenty_questions(tmp_path: Path, mode: str, answerer_type: type[YesNoAnswerer | AsyncioAnswerer]) -> None:
+    answerer = answerer_type()
     dataset = TwentyQuestionsDataset(answerer=answerer, answers=WORDS[:4], renderer=RENDERER, batch_size=2, group_size=2)
     result = run_training(tmp_path, mode, dataset, 2)
     assert_trained(result, 2, 4)
