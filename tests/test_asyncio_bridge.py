@@ -300,3 +300,22 @@ def test_cookbook_type_signatures() -> None:
 
     step = StepResult(0.0, True, compat.model_input_from_ints([]), [], logs={"guess": "12"})
     assert step.logs == {"guess": "12"} and step.metrics == {}
+
+
+def test_only_the_bridge_module_imports_asyncio() -> None:
+    import ast
+
+    import trio_rl
+
+    package = Path(trio_rl.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "asyncio_bridge.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] in ("asyncio", "trio_asyncio") for n in names):
+                offenders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert offenders == []
