@@ -32,10 +32,19 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from trio_rl import Env, EnvGroupBuilder, Metrics, Observation, RLDataset, StepResult, StopCondition, Trajectory
-from trio_rl.backends.protocol import SamplingClient
+from trio_rl import (
+    Env,
+    EnvGroupBuilder,
+    Metrics,
+    Observation,
+    RLDataset,
+    SamplingClient,
+    StepResult,
+    StopCondition,
+    Trajectory,
+    derive_seed,
+)
 from trio_rl.cli import CommonArgs, LazyTokenizer, flag, make_backend, make_config, parse_args, run_cli
-from trio_rl.determinism import derive_seed
 
 ALPHABET = "0123456789+="
 """The LocalBackend tokenizer's characters: digits and the two operators, nothing else."""

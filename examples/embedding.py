@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import arithmetic  # noqa: E402  (the sibling example, for its env)
 
-from trio_rl import RunHandle, train  # noqa: E402
-from trio_rl.checkpoint import CheckpointLog  # noqa: E402
+from trio_rl import CheckpointLog, RunHandle, train  # noqa: E402
 from trio_rl.cli import flag, make_backend, make_config, parse_args  # noqa: E402
 
 

@@ -28,10 +28,8 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from trio_rl import Env, EnvGroupBuilder, Observation, RLDataset, StepResult, StopCondition
-from trio_rl.backends.protocol import SamplingClient
+from trio_rl import Env, EnvGroupBuilder, Observation, RLDataset, SamplingClient, StepResult, StopCondition, derive_seed
 from trio_rl.cli import CommonArgs, LazyTokenizer, make_backend, make_config, parse_args, run_cli
-from trio_rl.determinism import derive_seed
 
 ALPHABET = "0123456789 :abcdeghilorsuw"
 """Digits and the letters of "guess", "higher", "lower" (LocalBackend's character tokenizer)."""

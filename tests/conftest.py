@@ -14,6 +14,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_metrics_by_step(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` merged per step (training, evaluation and final records)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl(path):
+        merged.setdefault(record["step"], {}).update(record)
+    return [merged[step] for step in sorted(merged)]
+
+
 @pytest.fixture
 def log_path(tmp_path: Path) -> Path:
     return tmp_path / "run"

@@ -158,10 +158,21 @@ async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) ->
             engine = sampler._engine
             nursery = backend._runtime.nursery
             assert nursery is not None
-            # Cancel while decoding.
-            with trio.move_on_after(0.05) as scope:
-                await sampler.sample(_prompt("a"), 4, tinker_types.SamplingParams(max_tokens=10**6, stop=[]))
-            assert scope.cancelled_caught
+            # Cancel while decoding: as soon as the engine holds the request's
+            # rows, not after a wall-clock delay (a fast machine finishes the
+            # whole max_seq_len-bounded decode within any fixed delay).
+            decoding = trio.CancelScope()
+
+            async def sample_until_cancelled() -> None:
+                with decoding:
+                    await sampler.sample(_prompt("a"), 4, tinker_types.SamplingParams(max_tokens=10**6, stop=[]))
+
+            async with trio.open_nursery() as cancel_nursery:
+                cancel_nursery.start_soon(sample_until_cancelled)
+                while not engine._rows:
+                    await trio.sleep(0)
+                decoding.cancel()
+            assert decoding.cancelled_caught
             # Cancel while still queued (never admitted).
             with trio.CancelScope() as scope2:
                 scope2.cancel()

@@ -95,3 +95,21 @@ async def test_sync_steps_follow_uneven_dataset_batches(log_path: Path, mode: st
     result = await run_fake(make_config(log_path, mode), FakeDataset(batch_sizes=[4, 2, 6]))
     assert [m["progress/groups"] for m in result.step_metrics] == [4, 2, 6]
     assert result.summary["run/trained_groups"] == 12
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_empty_batch_in_the_middle_is_skipped_and_counted(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    dataset = FakeDataset(batch_sizes=[4, 0, 4])
+    result = await run_fake(make_config(log_path, mode), dataset)
+    assert result.trained_groups == 8 and result.cancelled_groups == 0
+    assert result.summary["run/empty_batches"] == 1
+    assert sum(r["progress/groups"] for r in result.step_metrics) == 8
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_each_dataset_batch_is_built_once(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(batch_sizes=[4, 4, 3, 4])
+    await run_fake(make_config(log_path, mode), dataset)
+    assert dataset.batches_built == [0, 1, 2, 3]

@@ -9,7 +9,7 @@ import trio
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import MODES, make_config, run_fake
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator
 
 
 class EnvBroke(Exception):
@@ -65,3 +65,23 @@ async def test_a_crash_before_work_starts_is_not_a_hang(log_path: Path, autojump
 
     with pytest.RaisesGroup(ConnectionError):
         await run_fake(make_config(log_path, "sync"), FakeDataset(2, 4), NoBackend())
+
+
+async def test_a_crash_and_a_failing_cleanup_both_reach_the_caller(log_path: Path, autojump_clock: MockClock) -> None:
+    from tests.test_rollouts import CleanupBroke, CleanupFailsBuilder
+
+    class Dataset(FakeDataset):
+        """Group (0, 1) crashes in step, and then its cleanup fails too."""
+
+        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+            return [
+                (CleanupFailsBuilder if (index, g) == (0, 1) else FakeEnvGroupBuilder)((index, g), self.spec, self.log)
+                for g in range(self.batch_sizes[index])
+            ]
+
+    dataset = Dataset(2, 2, FakeEnvSpec(fail_at={(0, 1): "step"}, error=EnvBroke))
+    with pytest.raises(ExceptionGroup) as caught:
+        await run_fake(make_config(log_path, "sync"), dataset)
+    crashes, rest = caught.value.split(EnvBroke)
+    assert crashes is not None, "the rollout's own crash was hidden by its cleanup's"
+    assert rest is not None and rest.split(CleanupBroke)[0] is not None

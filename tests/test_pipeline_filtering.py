@@ -39,3 +39,22 @@ async def test_stream_minibatch_emptied_by_filtering(log_path: Path, autojump_cl
     assert result.final_step == 1
     assert [c.detail["data"] for c in backend.calls_of("forward_backward")] == [2 * 4]
     assert len(backend.calls_of("optim_step")) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_filtered_groups_are_not_counted_as_trained_and_publish_nothing(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    # Batch 1 is all constant-reward groups; batches 0 and 2 have none.
+    spec = FakeEnvSpec(constant_reward_groups={(1, g) for g in range(4)})
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    config = make_config(log_path, mode, remove_constant_reward_groups=True)
+    result = await run_fake(config, FakeDataset(3, 4, spec), backend)
+    assert result.trained_groups == result.summary["run/trained_groups"] == 8
+    assert result.summary["run/filtered_constant"] == 4
+    trained_steps = [r for r in result.step_metrics if r["progress/trained_groups"] > 0]
+    # One sampler for the initial weights, then one per step that trained
+    # something; the step that trained nothing saved none.
+    saved = [c.detail["name"] for c in backend.calls_of("save_weights_for_sampler")]
+    assert len(saved) == 1 + len({r["progress/trained_groups"] for r in trained_steps})
+    assert len(saved) < 1 + result.final_step

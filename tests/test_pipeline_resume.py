@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trio
 from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
@@ -57,3 +58,32 @@ async def test_the_last_checkpoint_is_marked_final_even_when_saved_periodically(
     # The final record points at the state saved at step 4; it was not saved twice.
     assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["step_000002", "step_000004"]
     assert result.checkpoint is not None and result.checkpoint.final and result.checkpoint.step == 4
+
+
+def _trained_keys(backend: FakeBackend) -> list[tuple[int, int]]:
+    """Every group whose data went into a forward_backward call, by its fake prompt."""
+    return [key for call in backend.calls_of("forward_backward") for key in call.detail["groups"]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_cancel_during_a_training_step_saves_that_step_done(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    # Sampling takes 1 s and training 10 s: a cancel at 5 s falls inside step 0's
+    # forward_backward, which was submitted and cannot be taken back.
+    backend = FakeBackend(sample_latency=1.0, train_latency=10.0)
+    with trio.move_on_after(5.0):
+        await run_fake(make_config(log_path, mode, save_on_cancel=True), FakeDataset(4, 4), backend)
+    checkpoint = CheckpointLog(log_path).last()
+    assert checkpoint is not None and checkpoint.reason == "cancelled"
+    # The saved state holds step 0's update, and the record says so.
+    assert backend.states[checkpoint.state_path] == checkpoint.step == 1
+    assert not any(key[0] == 0 for key in checkpoint.outstanding)
+
+    resumed = await run_fake(make_config(log_path, mode, resume=True), FakeDataset(4, 4), backend)
+    assert resumed.step_metrics[0]["step"] == 1
+    trained = _trained_keys(backend)
+    # Across the cancel and the resume, every group was trained exactly once
+    # or ("requeue", after the data ran out) dropped and counted.
+    assert len(trained) == len(set(trained))
+    assert len(trained) + resumed.dropped_groups == 16

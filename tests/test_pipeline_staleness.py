@@ -11,7 +11,7 @@ from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake, straggling_group_1
 from trio_rl import AsyncConfig
-from trio_rl.testing import FakeBackend, FakeDataset
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 
 async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
@@ -67,3 +67,35 @@ async def test_pace_bounds_staleness_and_groups_in_flight(log_path: Path, k: int
     if k > 0:
         # Off-policy for real: some step trained on weights older than its own.
         assert max(r["sampling_client/staleness_max"] for r in result.step_metrics) >= 1
+
+
+def one_in_three_straggles(request: Any) -> float:
+    """Groups 1, 4, 7, ... of every batch take 10,000 times longer than the rest."""
+    group = request[0].to_ints()[1] - 2
+    return 10_000.0 if group % 3 == 1 else 1.0
+
+
+async def test_requeue_keeps_training_while_stragglers_are_out(log_path: Path, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=8, batch_size=6)
+    config = make_config(
+        log_path, "requeue", async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="requeue")
+    )
+    backend = FakeBackend(sample_latency=one_in_three_straggles, train_latency=0.5)
+    result = await run_fake(config, dataset, backend)
+    step_times = [c.time for c in backend.calls_of("optim_step")]
+    # 32 fast groups make 8 steps; none of them waited for a straggler.
+    assert len([t for t in step_times if t < 100.0]) >= 7
+    assert result.summary["run/trained_groups"] + result.summary["run/dropped_stale"] == 48
+    assert max(r["sampling_client/staleness_max"] for r in result.step_metrics) <= 1
+
+
+async def test_requeue_never_stops_for_rollouts_that_never_finish(log_path: Path, autojump_clock: MockClock) -> None:
+    # Group 1 of batch 0 hangs on its first attempt, and no per-rollout timeout is set.
+    dataset = FakeDataset(num_batches=6, batch_size=4, spec=FakeEnvSpec(hang_at={(0, 1)}))
+    config = make_config(
+        log_path, "requeue", async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="requeue")
+    )
+    result = await run_fake(config, dataset)
+    # The hung rollout was given up once stale and sampled again.
+    assert result.summary["run/trained_groups"] == 24
+    assert dataset._builders[(0, 1)].attempts == 2

@@ -144,3 +144,33 @@ def test_error_strategy_arguments_are_checked() -> None:
         RetryOnFailure(per_rollout_timeout=0)
     with pytest.raises(ValueError, match="min_successful"):
         MinViableGroup(min_successful=0)
+
+
+class CleanupBroke(Exception):
+    pass
+
+
+class CleanupFailsBuilder(FakeEnvGroupBuilder):
+    """A fake group whose cleanup raises, as a leaking resource would."""
+
+    async def cleanup(self) -> None:
+        raise CleanupBroke(f"cleanup of {self.key} failed")
+
+
+async def test_a_failing_cleanup_does_not_hide_the_rollout_crash() -> None:
+    spec = FakeEnvSpec(fail_at={(0, 0): "step"}, error=ValueError)
+    builder = CleanupFailsBuilder((0, 0), spec, log=[])
+    with trio.fail_after(10):
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(ValueError, match="failed in step"), CleanupBroke, flatten_subgroups=True
+        ) as caught:
+            await do_group_rollout(builder, policies(FakeBackend()))
+    # The original is a leaf that except* can match, not a __context__.
+    matched, _ = caught.value.split(ValueError)
+    assert matched is not None
+
+
+async def test_a_failing_cleanup_after_a_good_rollout_is_raised() -> None:
+    builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
+    with trio.fail_after(10), pytest.raises(CleanupBroke):
+        await do_group_rollout(builder, policies(FakeBackend()))

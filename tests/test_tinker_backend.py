@@ -232,6 +232,24 @@ async def test_cancelled_sample_cancels_the_sdk_request(service: StandinServiceC
     assert service.loop_errors == []
 
 
+async def test_a_cancelled_wait_on_a_training_request_leaves_it_running(service: StandinServiceClient) -> None:
+    # A submitted training request is not taken back: the state saved after a
+    # cancel must include it, so the wait can be resumed.
+    with trio.fail_after(5):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await new_client(backend)
+            service.hold("forward_backward")
+            pending = await client.forward_backward([datum()], "importance_sampling")
+            with trio.move_on_after(0.05) as scope:
+                await pending.result()
+            assert scope.cancelled_caught
+            assert service.cancelled["forward_backward"] == 0
+            service.release("forward_backward")
+            output = await pending.result()
+            assert len(output.loss_fn_outputs) == 1
+    assert service.loop_errors == []
+
+
 async def test_sdk_exceptions_reach_the_caller_unchanged(service: StandinServiceClient) -> None:
     fb_error = StandinError("bad batch")
     sample_error = StandinError("sampler down")

@@ -8,9 +8,12 @@ fakes for tests in :mod:`trio_rl.testing`.
 """
 
 from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
+from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
+from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
-from .errors import ConfigError, GroupFailedError
+from .determinism import derive_seed
+from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
 from .metrics import trajectory_metrics
 from .rollouts import (
@@ -22,6 +25,7 @@ from .rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
+from .schedule import Pace, Requeue, Schedule, Stream, Sync
 from .train import RunHandle, TrainResult, run, train
 from .types import (
     PARSE_ERROR_MASKED_METRIC_KEY,
@@ -51,13 +55,17 @@ __all__ = [
     "Action",
     "ActionExtra",
     "AsyncConfig",
+    "Backend",
     "BridgeMode",
+    "CheckpointLog",
+    "CheckpointRecord",
     "Config",
     "ConfigError",
     "DualSamplingClient",
     "Env",
     "EnvGroupBuilder",
     "ErrorStrategy",
+    "EvaluationTimeoutError",
     "FailFast",
     "GroupFailedError",
     "InitialObservationOverflow",
@@ -67,25 +75,35 @@ __all__ = [
     "MinViableGroup",
     "Observation",
     "PARSE_ERROR_MASKED_METRIC_KEY",
+    "Pace",
+    "PendingResult",
     "RLDataset",
     "RLDatasetBuilder",
+    "Requeue",
     "RetryOnFailure",
     "RolloutError",
     "RunHandle",
     "STOP_METRIC_PREFIX",
+    "SamplingClient",
     "SamplingClientEvaluator",
     "SamplingPolicy",
+    "Schedule",
     "StepResult",
     "StopCondition",
     "StopReason",
+    "Stream",
     "StreamMinibatchConfig",
+    "Sync",
+    "Tokenizer",
     "TokensWithLogprobs",
     "TrainResult",
+    "TrainingClient",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",
     "assemble_training_data",
     "compute_advantages",
+    "derive_seed",
     "do_group_rollout",
     "do_single_rollout",
     "remove_constant_reward_groups",

@@ -12,6 +12,7 @@ from tinker import types as tinker_types
 from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
 from .rollouts import ErrorStrategy, FailFast
+from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
 LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
 
@@ -28,6 +29,23 @@ class StreamMinibatchConfig:
 
     groups_per_batch: int
     num_minibatches: int
+
+    def validate(self, num_substeps: int, dataset_batch_size: int | None) -> None:
+        """Reject sizes that cannot split evenly, or that differ from the dataset's batches."""
+        _positive("stream_minibatch_config.groups_per_batch", self.groups_per_batch, "at least 1")
+        _positive("stream_minibatch_config.num_minibatches", self.num_minibatches, "at least 1")
+        _divides(
+            "stream_minibatch_config.groups_per_batch",
+            self.groups_per_batch,
+            "stream_minibatch_config.num_minibatches",
+            self.num_minibatches,
+        )
+        _divides("stream_minibatch_config.num_minibatches", self.num_minibatches, "num_substeps", num_substeps)
+        if dataset_batch_size is not None and dataset_batch_size != self.groups_per_batch:
+            raise ConfigError(
+                "stream_minibatch_config.groups_per_batch",
+                f"is {self.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
+            )
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,15 @@ class AsyncConfig:
     max_steps_off_policy: int
     groups_per_batch: int
     staleness: Literal["requeue", "pace"] = "requeue"
+
+    def validate(self, num_substeps: int) -> None:
+        """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split."""
+        if self.max_steps_off_policy < 0:
+            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
+        _positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
+        if self.staleness not in ("requeue", "pace"):
+            raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {self.staleness!r}")
+        _divides("async_config.groups_per_batch", self.groups_per_batch, "num_substeps", num_substeps)
 
 
 @dataclass(frozen=True)
@@ -76,6 +103,10 @@ class Config:
         resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
         save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
+            A step that had already submitted work when the cancel came is completed
+            first (its requests cannot be taken back), so the state and its record agree.
+        eval_timeout: seconds one evaluator may take on one set of weights; a slower
+            one ends the run with :class:`~trio_rl.errors.EvaluationTimeoutError`.
         asyncio_bridge: how coroutines of envs, builders and evaluators are run
             (see :mod:`trio_rl.asyncio_bridge`): ``"auto"`` decides per call from
             the defining module's imports (asyncio, aiohttp, tinker_cookbook) or a ``runs_on`` mark, ``"always"`` runs every one
@@ -113,6 +144,7 @@ class Config:
     resume: bool = False
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
+    eval_timeout: float = 1800.0
     asyncio_bridge: BridgeMode = "auto"
 
     def __post_init__(self) -> None:
@@ -126,6 +158,22 @@ class Config:
         if self.stream_minibatch_config is not None:
             return "stream"
         return "sync"
+
+    def schedule(self, dataset_batch_size: int) -> Schedule:
+        """The schedule of the mode this configuration selects.
+
+        Args:
+            dataset_batch_size: groups in the dataset's first batch; sync and stream
+                steps follow each batch's own size, this only names the usual one.
+        """
+        if self.async_config is not None:
+            ac = self.async_config
+            policy = Pace if ac.staleness == "pace" else Requeue
+            return policy(ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy)
+        if self.stream_minibatch_config is not None:
+            sc = self.stream_minibatch_config
+            return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
+        return Sync(max(1, dataset_batch_size), self.num_substeps)
 
     def adam_params(self) -> tinker_types.AdamParams:
         """The ``AdamParams`` sent with every ``optim_step``."""
@@ -173,6 +221,7 @@ class Config:
         if self.temperature < 0:
             raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
         _positive("num_substeps", self.num_substeps, "1 or more")
+        _positive("eval_timeout", self.eval_timeout, "seconds, such as 1800")
         _non_negative("eval_every", self.eval_every, "0 disables periodic evaluation")
         _non_negative("save_every", self.save_every, "0 saves only the final state")
         if self.max_steps is not None:
@@ -188,32 +237,10 @@ class Config:
                 "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"
             )
         if self.async_config is not None:
-            ac = self.async_config
-            if ac.max_steps_off_policy < 0:
-                raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {ac.max_steps_off_policy}")
-            _positive("async_config.groups_per_batch", ac.groups_per_batch, "at least 1 group per step")
-            if ac.staleness not in ("requeue", "pace"):
-                raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {ac.staleness!r}")
-            _divides("async_config.groups_per_batch", ac.groups_per_batch, "num_substeps", self.num_substeps)
+            self.async_config.validate(self.num_substeps)
         if self.stream_minibatch_config is not None:
-            sc = self.stream_minibatch_config
-            _positive("stream_minibatch_config.groups_per_batch", sc.groups_per_batch, "at least 1")
-            _positive("stream_minibatch_config.num_minibatches", sc.num_minibatches, "at least 1")
-            _divides(
-                "stream_minibatch_config.groups_per_batch",
-                sc.groups_per_batch,
-                "stream_minibatch_config.num_minibatches",
-                sc.num_minibatches,
-            )
-            _divides(
-                "stream_minibatch_config.num_minibatches", sc.num_minibatches, "num_substeps", self.num_substeps
-            )
-            if dataset_batch_size is not None and dataset_batch_size != sc.groups_per_batch:
-                raise ConfigError(
-                    "stream_minibatch_config.groups_per_batch",
-                    f"is {sc.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
-                )
-        if self.mode == "sync" and dataset_batch_size is not None:
+            self.stream_minibatch_config.validate(self.num_substeps, dataset_batch_size)
+        if self.async_config is None and self.stream_minibatch_config is None and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
         if self.asyncio_bridge not in BRIDGE_MODES:
             raise ConfigError(

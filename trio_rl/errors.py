@@ -34,3 +34,22 @@ class GroupFailedError(RuntimeError):
     def __init__(self, message: str, errors: Sequence[RolloutError]) -> None:
         super().__init__(message)
         self.errors = list(errors)
+
+
+class EvaluationTimeoutError(TimeoutError):
+    """An evaluator did not finish within ``Config.eval_timeout``; the run ends with this error.
+
+    Attributes:
+        evaluator: the evaluator's name.
+        step: the step whose weights it was evaluating.
+        seconds: how long it had run.
+    """
+
+    def __init__(self, evaluator: str, step: int, seconds: float) -> None:
+        super().__init__(
+            f"evaluator {evaluator} on the weights of step {step} did not finish within {seconds:g} s "
+            "(Config.eval_timeout)"
+        )
+        self.evaluator = evaluator
+        self.step = step
+        self.seconds = seconds

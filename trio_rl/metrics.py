@@ -100,51 +100,23 @@ def _json_value(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Per-step records written in step order to ``metrics.jsonl`` and a live channel.
+    """Writes each record to ``metrics.jsonl`` the moment it is made, and mirrors it on a live channel.
 
-    A step's record is released once its training metrics are in and, when an
-    evaluation is due for that step, its evaluation metrics too. Records are
-    released strictly in step order, so an evaluation that finishes late still
-    lands in the line of the step it belongs to. The final weights' evaluation,
-    which has no training step of its own, is released by :meth:`close`.
+    A training step's record is written when the step ends; an evaluation's
+    record is written when the evaluation ends, as a line of its own under the
+    step whose weights it evaluated. So a slow evaluation never holds back the
+    training records, and every line says which weights it describes.
     """
 
-    def __init__(self, path: Path | None, first_step: int = 0) -> None:
+    def __init__(self, path: Path | None) -> None:
         self._file = path.open("a") if path is not None else None
-        self._pending: dict[int, dict[str, Any]] = {}
-        self._trained: set[int] = set()
-        self._awaiting_eval: set[int] = set()
-        self._next_step = first_step
         self.records: list[dict[str, Any]] = []
-        """Every released record, in step order."""
+        """Every record written, in the order written."""
         self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](math.inf)
 
-    def expect_eval(self, step: int) -> None:
-        """Hold ``step``'s record until :meth:`record_eval` delivers its evaluation."""
-        self._awaiting_eval.add(step)
-
-    def record_train(self, step: int, metrics: Metrics) -> None:
-        """Add the training metrics of ``step``."""
-        self._pending.setdefault(step, {"step": step}).update(metrics)
-        self._trained.add(step)
-        self._flush()
-
-    def record_eval(self, step: int, metrics: Metrics) -> None:
-        """Add the evaluation metrics of the weights of ``step``."""
-        self._awaiting_eval.discard(step)
-        self._pending.setdefault(step, {"step": step}).update(metrics)
-        self._flush()
-
-    def record_final(self, step: int, metrics: Metrics) -> None:
-        """Add the end-of-run summary, kept under the final weights' step until :meth:`close`."""
-        self._pending.setdefault(step, {"step": step}).update(metrics)
-
-    def _flush(self) -> None:
-        while self._next_step in self._trained and self._next_step not in self._awaiting_eval:
-            self._release(self._pending.pop(self._next_step))
-            self._next_step += 1
-
-    def _release(self, record: dict[str, Any]) -> None:
+    def write(self, step: int, metrics: Metrics) -> None:
+        """Write a record of ``metrics`` under ``step``."""
+        record: dict[str, Any] = {"step": step, **metrics}
         self.records.append(record)
         if self._file is not None:
             self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
@@ -152,11 +124,16 @@ class MetricsLog:
         self._live_send.send_nowait(record)
 
     def close(self) -> None:
-        """Release whatever is left, in step order, and end the live channel."""
-        self._flush()
-        for step in sorted(self._pending):
-            self._release(self._pending.pop(step))
+        """Close the file and end the live channel."""
         if self._file is not None:
             self._file.close()
             self._file = None
         self._live_send.close()
+
+
+def merge_by_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per step, merging a step's training, evaluation and end-of-run records, in step order."""
+    merged: dict[int, dict[str, Any]] = {}
+    for record in records:
+        merged.setdefault(record["step"], {}).update(record)
+    return [merged[step] for step in sorted(merged)]

@@ -330,13 +330,40 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
 
     ``cleanup`` runs shielded from cancellation, so a cancelled or crashed run
     still releases what the envs hold, but within :data:`CLEANUP_TIMEOUT_S` so
-    that a stuck cleanup cannot hang the run.
+    that a stuck cleanup cannot hang the run. A cleanup that fails while the
+    group is already failing never hides that failure: both are raised, as the
+    leaves of one group.
     """
     try:
         yield await call_user(builder.make_envs)
-    finally:
-        with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+    except Exception as failure:
+        cleanup_failure = await _cleanup(builder)
+        if cleanup_failure is not None:
+            raise ExceptionGroup(
+                f"{type(builder).__name__}: the group failed, then its cleanup failed too", [failure, cleanup_failure]
+            ) from None
+        raise
+    except BaseException:
+        # Cancellation (or KeyboardInterrupt) keeps propagating; a cleanup
+        # failure beside it would be dropped by the scope that catches it.
+        cleanup_failure = await _cleanup(builder)
+        if cleanup_failure is not None:
+            raise cleanup_failure from None
+        raise
+    else:
+        cleanup_failure = await _cleanup(builder)
+        if cleanup_failure is not None:
+            raise cleanup_failure
+
+
+async def _cleanup(builder: EnvGroupBuilder) -> Exception | None:
+    """Run ``builder.cleanup()`` shielded and bounded; return its exception instead of raising it."""
+    with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+        try:
             await call_user(builder.cleanup)
+        except Exception as exc:
+            return exc
+    return None
 
 
 async def rollout_group(

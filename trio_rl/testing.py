@@ -62,6 +62,12 @@ class FakeTokenizer:
         return "".join(chr(t) for t in tokens)
 
 
+def _fake_group_key(datum: tinker_types.Datum) -> tuple[int, int]:
+    """The (batch % 7, group % 5) a fake env wrote into the first two prompt tokens."""
+    tokens = datum.model_input.to_ints()
+    return (tokens[0] - 1, tokens[1] - 2)
+
+
 class _FakePending:
     def __init__(self, ready_at: float, value: Any, error: BaseException | None) -> None:
         self._ready_at = ready_at
@@ -140,7 +146,11 @@ class FakeTrainingClient:
     ) -> _FakePending:
         backend = self._backend
         tokens = sum(d.model_input.length for d in data)
-        backend._record("forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn)
+        # A fake env's prompt starts with its group's identity (see FakeEnv).
+        groups = sorted({_fake_group_key(d) for d in data})
+        backend._record(
+            "forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups
+        )
         await trio.lowlevel.checkpoint()
         outputs = [
             {"logprobs": compat.tensor([-0.5] * d.model_input.length, "float32")} for d in data
@@ -396,6 +406,8 @@ class FakeDataset(RLDataset):
         self.tags = tags
         self.log: list[str] = []
         self._builders: dict[tuple[int, int], FakeEnvGroupBuilder] = {}
+        self.batches_built: list[int] = []
+        """The index of every ``get_batch`` call, in order."""
 
     def __len__(self) -> int:
         return len(self.batch_sizes)
@@ -403,6 +415,7 @@ class FakeDataset(RLDataset):
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < len(self.batch_sizes):
             raise IndexError(f"batch {index} out of range for {len(self.batch_sizes)} batches")
+        self.batches_built.append(index)
         # The same builder object each time, so tests can inspect its attempts.
         return [
             self._builders.setdefault((index, g), FakeEnvGroupBuilder((index, g), self.spec, self.log, self.tags(index, g)))

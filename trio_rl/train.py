@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,27 +11,17 @@ from typing import Any
 import trio
 
 from .asyncio_bridge import open_user_code_runner
-from .backends.protocol import Backend, SamplingClient
-from .checkpoint import Checkpoint, CheckpointLog
+from .backends.protocol import Backend
+from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
-from .metrics import MetricsLog
-from .pipeline import (
-    EVAL_QUEUE_SIZE,
-    DataLedger,
-    FinishedGroup,
-    ItemKey,
-    RunContext,
-    Trainer,
-    WorkItem,
-    dataloader,
-    default_num_workers,
-    evaluator_stage,
-    rollout_worker,
-)
+from .metrics import MetricsLog, merge_by_step
+from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
+from .work import ItemKey
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -43,9 +31,10 @@ class RunHandle:
     """What :func:`train` hands to ``nursery.start`` once the first sampling client exists.
 
     Attributes:
-        metrics: every per-step record as it is written to ``metrics.jsonl``; the
-            channel ends when the run ends. Records nobody reads accumulate (one
-            small dict per step).
+        metrics: every record as it is written to ``metrics.jsonl`` (a step's
+            training record when the step ends, an evaluation's record when it
+            ends); the channel ends when the run ends. Records nobody reads
+            accumulate (one small dict per record).
         log_path: the run's folder.
     """
 
@@ -64,9 +53,10 @@ class TrainResult:
     """What a finished run returns.
 
     Attributes:
-        metrics: the records of ``metrics.jsonl``, in step order: one per training
-            step, then one for the final weights (``run/...`` accounting of every
-            group, and the final evaluation if there are evaluators).
+        metrics: one dict per step, in step order, merging that step's records of
+            ``metrics.jsonl``: its training metrics and the evaluation of its
+            weights; the last one is the final weights' (``run/...`` accounting of
+            every group, and the final evaluation if there are evaluators).
         final_step: training steps completed (the version of the final weights).
         stopped_by_max_steps: whether ``max_steps`` ended the run rather than the data.
         checkpoint: the final checkpoint.
@@ -78,7 +68,7 @@ class TrainResult:
     metrics: list[dict[str, Any]]
     final_step: int
     stopped_by_max_steps: bool
-    checkpoint: Checkpoint | None
+    checkpoint: CheckpointRecord | None
     trained_groups: int
     dropped_groups: int
     cancelled_groups: int
@@ -103,13 +93,13 @@ def _drop_records_from(path: Path, step: int) -> None:
 
 
 def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
+    """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
-    if config.mode == "sync" and len(dataset) > 0 and not first_batch:
-        raise ConfigError("dataset", "batch 0 is empty; every batch needs at least one group")
     if config.error_strategy.max_retries > 0 and first_batch:
         builder_type = type(first_batch[0])
-        if builder_type.make_env is EnvGroupBuilder.make_env:
+        make_env = getattr(builder_type, "make_env", None)
+        if make_env is None or make_env is EnvGroupBuilder.make_env:
             raise ConfigError(
                 "error_strategy",
                 f"{type(config.error_strategy).__name__} retries one env at a time, but "
@@ -152,6 +142,7 @@ async def train(
             with ``except*``. The run never hangs on a failure.
     """
     first_batch = _check_before_work(config, dataset)
+    schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
     log_path.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointLog(log_path)
@@ -166,7 +157,8 @@ async def train(
                     resume_from.state_path, with_optimizer=True
                 )
                 start_step = resume_from.step
-                ledger = DataLedger(ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
+                ledger_start = (ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
+                _drop_records_from(log_path / METRICS_FILE, start_step)
             else:
                 if config.load_checkpoint_path is not None:
                     training_client = await backend.create_training_client_from_state(
@@ -177,75 +169,65 @@ async def train(
                         base_model=config.base_model, lora_rank=config.lora_rank, seed=config.seed
                     )
                 start_step = 0
-                ledger = DataLedger(ItemKey(0, 0), [])
-            if resume_from is not None:
-                _drop_records_from(log_path / METRICS_FILE, start_step)
+                ledger_start = (ItemKey(0, 0), [])
             (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
-            metrics_log = MetricsLog(log_path / METRICS_FILE, first_step=start_step)
-            if config.async_config is not None:
-                groups_per_step = config.async_config.groups_per_batch
-            elif config.stream_minibatch_config is not None:
-                groups_per_step = config.stream_minibatch_config.groups_per_batch
-            else:
-                groups_per_step = len(first_batch)
-            ctx = RunContext(
-                config=config,
+            metrics_log = MetricsLog(log_path / METRICS_FILE)
+            task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
+            outcome = await run_pipeline(
+                nursery,
                 dataset=dataset,
+                first_batch=first_batch,
+                schedule=schedule,
+                rollout=RolloutSettings(
+                    seed=config.seed,
+                    # Built once: validating a SamplingParams per rollout showed up in profiles.
+                    sampling_params=config.sampling_params(),
+                    error_strategy=config.error_strategy,
+                    loss_fn=config.loss_fn,
+                    staleness_limit=schedule.staleness_limit,
+                    abandon_stale=schedule.abandons_stale_rollouts,
+                ),
+                trainer=TrainerSettings(
+                    start_step=start_step,
+                    groups_per_step=schedule.groups_per_step,
+                    max_steps=config.max_steps,
+                    save_every=config.save_every,
+                    save_on_cancel=config.save_on_cancel,
+                    cancel_save_timeout=config.cancel_save_timeout,
+                ),
+                runner=StepRunner(
+                    training_client,
+                    weights,
+                    loss_fn=config.loss_fn,
+                    loss_fn_config=config.loss_fn_config,
+                    adam_params=config.adam_params(),
+                    remove_constant_reward_groups=config.remove_constant_reward_groups,
+                ),
                 training_client=training_client,
                 weights=weights,
                 metrics=metrics_log,
-                checkpoints=checkpoints,
-                ledger=ledger,
-                start_step=start_step,
+                checkpoint_log=checkpoints,
+                ledger_start=ledger_start,
                 evaluators=evaluators,
-                groups_per_step=max(1, groups_per_step),
+                eval_every=config.eval_every,
+                eval_timeout=config.eval_timeout,
+                max_workers=config.num_workers,
             )
-            task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
-            outcome = await _run_stages(ctx, nursery)
     finally:
         if metrics_log is not None:
             metrics_log.close()
-    stats = ctx.stats
+    counts = outcome.counts
     return TrainResult(
-        metrics=list(metrics_log.records),
+        metrics=merge_by_step(metrics_log.records),
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
-        checkpoint=checkpoints.last(),
-        trained_groups=stats.trained_groups,
-        dropped_groups=stats.dropped_stale,
-        cancelled_groups=len(ctx.ledger.outstanding),
+        checkpoint=outcome.checkpoint,
+        trained_groups=counts.trained_groups,
+        dropped_groups=counts.dropped_stale,
+        cancelled_groups=outcome.cancelled_groups,
     )
-
-
-async def _run_stages(ctx: RunContext, nursery: trio.Nursery) -> Any:
-    config = ctx.config
-    evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
-    items_send, items_recv = trio.open_memory_channel[WorkItem](0)
-    # Unbounded so that a worker never idles waiting for the trainer to take its
-    # group; admission already bounds what can pile up here (one batch in sync
-    # modes, groups_per_batch * (K + 1) started groups in async ones).
-    groups_send, groups_recv = trio.open_memory_channel[FinishedGroup](math.inf)
-    requeue = config.async_config is not None and config.async_config.staleness == "requeue"
-    # The back edge of a cycle must never block: the trainer sends, the
-    # dataloader drains without waiting.
-    requeue_send, requeue_recv = (
-        trio.open_memory_channel[WorkItem](math.inf) if requeue else (None, None)
-    )
-    nursery.start_soon(evaluator_stage, ctx, evals_recv)
-    with evals_send, groups_recv, requeue_send if requeue_send is not None else nullcontext():
-        trainer = Trainer(ctx, groups_recv, evals_send, requeue_send)
-        async with trio.open_nursery() as rollouts:
-            rollouts.start_soon(dataloader, ctx, items_send, requeue_recv)
-            with items_recv, groups_send:
-                for _ in range(default_num_workers(config, ctx.groups_per_step)):
-                    rollouts.start_soon(rollout_worker, ctx, items_recv.clone(), groups_send.clone())
-            stopped = await trainer.train_steps()
-            # At max_steps the rollouts still running are of no use: cancel
-            # them now rather than wait for them.
-            rollouts.cancel_scope.cancel()
-        return await trainer.finish(stopped)
 
 
 def run(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import trio
 
 from .backends.protocol import SamplingClient
@@ -13,13 +15,14 @@ class LatestWeights:
     Version ``v`` means "the weights after ``v`` training steps". Readers wait for
     a version with a fresh :class:`trio.Event` per publication: publishing sets
     the current event and swaps in a new one, so no waiter can miss a version
-    and no event is ever reused.
+    and no event is ever reused. The trainer is the only writer.
     """
 
     def __init__(self) -> None:
         self._version = -1
         self._client: SamplingClient | None = None
         self._published = trio.Event()
+        self._expiring: dict[int, list[trio.CancelScope]] = defaultdict(list)
 
     @property
     def version(self) -> int:
@@ -31,8 +34,16 @@ class LatestWeights:
         if version <= self._version:
             raise ValueError(f"version {version} published after version {self._version}")
         self._version, self._client = version, client
+        for due in [v for v in self._expiring if v <= version]:
+            for scope in self._expiring.pop(due):
+                scope.cancel()
         published, self._published = self._published, trio.Event()
         published.set()
+
+    def advance(self, version: int) -> None:
+        """Publish ``version`` with unchanged weights (a step that trained nothing)."""
+        _, client = self.latest()
+        self.publish(version, client)
 
     def latest(self) -> tuple[int, SamplingClient]:
         """The newest version and its client."""
@@ -44,3 +55,14 @@ class LatestWeights:
         """Return once a version at least ``version`` has been published."""
         while self._version < version:
             await self._published.wait()
+
+    def cancel_at(self, version: int, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` when ``version`` is published (at once if it already is).
+
+        Lets a rollout be given up the moment its weights become too stale,
+        without a task per rollout watching the version.
+        """
+        if self._version >= version:
+            scope.cancel()
+        else:
+            self._expiring[version].append(scope)

@@ -137,7 +137,9 @@ def remote_deadline(what: str, timeout: float | None) -> Iterator[None]:
         raise RemoteTimeoutError(what, timeout)
 
 
-async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None) -> T:
+async def await_future(
+    fut: SDKFuture[T], *, what: str, timeout: float | None, withdraw_on_cancel: bool = True
+) -> T:
     """Wait for an SDK future from Trio, with a deadline, without blocking the run.
 
     Args:
@@ -145,6 +147,10 @@ async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None) -
             ``future()`` method.
         what: The name of the call, for the timeout message (``"forward_backward"``).
         timeout: Seconds to wait before giving up, or ``None`` to wait forever.
+        withdraw_on_cancel: whether a wait cancelled from outside also cancels the
+            future. False for training requests: once submitted they are not taken
+            back, and the wait may be resumed, for example to save a consistent
+            state after Ctrl-C. Reaching ``timeout`` always cancels the future.
 
     Returns:
         The future's result.
@@ -156,11 +162,15 @@ async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None) -
         Exception: whatever the SDK completed the future with, unchanged.
     """
     cf = as_concurrent_future(fut)
-    with remote_deadline(what, timeout):
-        return await _wait_done(cf)
+    try:
+        with remote_deadline(what, timeout):
+            return await _wait_done(cf, withdraw_on_cancel)
+    except RemoteTimeoutError:
+        cf.cancel()
+        raise
 
 
-async def _wait_done(cf: concurrent.futures.Future[T]) -> T:
+async def _wait_done(cf: concurrent.futures.Future[T], withdraw_on_cancel: bool) -> T:
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
 
@@ -177,6 +187,7 @@ async def _wait_done(cf: concurrent.futures.Future[T]) -> T:
     except BaseException:
         # Cancelled (or interrupted): nobody will read the answer, so withdraw the
         # request where the SDK still can. If it already finished, this is a no-op.
-        cf.cancel()
+        if withdraw_on_cancel:
+            cf.cancel()
         raise
     return cf.result()

@@ -121,7 +121,7 @@ class TinkerPendingResult(Generic[T]):
         self._timeout = timeout
 
     async def result(self) -> T:
-        """Wait for the answer.
+        """Wait for the answer; a cancelled wait leaves the request in place and may be resumed.
 
         Returns:
             The SDK's response.
@@ -131,7 +131,7 @@ class TinkerPendingResult(Generic[T]):
                 the request is then cancelled where possible.
             Exception: the SDK's exception for this request, unchanged.
         """
-        return await await_future(self._future, what=self._what, timeout=self._timeout)
+        return await await_future(self._future, what=self._what, timeout=self._timeout, withdraw_on_cancel=False)
 
 
 class _HfTokenizer:

@@ -116,6 +116,11 @@ class LocalBackend:
         # unchanged instead of coming out wrapped in an ExceptionGroup.
         try:
             await manager.__aexit__(None, None, None)
+        except Exception as teardown:
+            # A failure while closing must not hide the one the body exits with.
+            if exc is None or not isinstance(exc, Exception):
+                raise
+            raise ExceptionGroup("LocalBackend: the block failed, then closing failed too", [exc, teardown]) from None
         finally:
             if self._saved_threads is not None:
                 torch.set_num_threads(self._saved_threads)

@@ -48,7 +48,7 @@ def check_name(name: str) -> None:
 
 
 @dataclass
-class Checkpoint:
+class SavedState:
     """What :func:`load_checkpoint` reads back."""
 
     weights: dict[str, Tensor]
@@ -98,7 +98,7 @@ def save_checkpoint(
         raise
 
 
-def load_checkpoint(path: Path, *, with_optimizer: bool = True) -> Checkpoint:
+def load_checkpoint(path: Path, *, with_optimizer: bool = True) -> SavedState:
     """Read a checkpoint folder written by :func:`save_checkpoint`.
 
     Args:
@@ -134,7 +134,7 @@ def load_checkpoint(path: Path, *, with_optimizer: bool = True) -> Checkpoint:
                 adam.exp_avg_sq[name] = value
             else:
                 raise ValueError(f"{opt_file} has an unexpected tensor {key!r}")
-    return Checkpoint(
+    return SavedState(
         weights=load_file(path / "weights.safetensors"),
         adam=adam,
         model_config=ModelConfig.from_json((path / "model_config.json").read_text()),

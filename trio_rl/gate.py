@@ -1,0 +1,45 @@
+"""The admission gate: how many groups the trainer has consumed, for the dataloader to wait on."""
+
+from __future__ import annotations
+
+import trio
+
+
+class ConsumptionGate:
+    """Counts groups the trainer has consumed: trained (its step's weights published), requeued or dropped.
+
+    The trainer is its only writer. The dataloader waits on it to bound what is
+    handed out but not yet consumed: an item is handed out once ``consumed``
+    reaches the threshold its schedule gives it. Each change sets the current
+    event and swaps in a fresh one, so no waiter misses a change and no event is
+    reused.
+    """
+
+    def __init__(self) -> None:
+        self.consumed = 0
+        self._changed = trio.Event()
+
+    def consume(self, n: int = 1) -> None:
+        """Record ``n`` more consumed groups and wake the waiters."""
+        if n <= 0:
+            return
+        self.consumed += n
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake the waiters without consuming: the trainer sent work back to the dataloader."""
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def wait_for_change(self) -> None:
+        """Return at the next :meth:`consume` or :meth:`nudge`.
+
+        Check the condition you wait for, then call this with no checkpoint in
+        between: a change after the check always wakes you.
+        """
+        await self._changed.wait()
+
+    async def wait_for(self, threshold: int) -> None:
+        """Return once at least ``threshold`` groups have been consumed."""
+        while self.consumed < threshold:
+            await self._changed.wait()

@@ -1,0 +1,69 @@
+"""The data ledger: which dataset items a run has handed out and not yet trained or dropped.
+
+The trainer task owns it. The dataloader never writes to it: it sends a
+:class:`~trio_rl.work.Handout` note for every item it hands out, and the ledger
+reads those notes (without waiting) before it is consulted. The dataloader
+sends a note before the item itself, so an item that reaches the trainer is
+always already in the ledger once the notes are read.
+
+A checkpoint records the ledger's cursor and outstanding items, so that a
+resumed run neither loses nor replays an item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import trio
+
+from .work import Handout, ItemKey
+
+
+class DataLedger:
+    """Cursor and outstanding items of one run, fed by the dataloader's notes.
+
+    Args:
+        cursor: the first dataset position not yet handed out.
+        outstanding: items handed out before a resume and still owed.
+        notes: the receive side of the dataloader's :class:`Handout` channel.
+    """
+
+    def __init__(
+        self, cursor: ItemKey, outstanding: Iterable[ItemKey], notes: trio.MemoryReceiveChannel[Handout]
+    ) -> None:
+        self.cursor = cursor
+        self._notes = notes
+        self._outstanding: dict[ItemKey, None] = dict.fromkeys(outstanding)
+        self.handed_out = 0
+        """Items handed out in this run (requeued attempts not counted)."""
+        self.empty_batches = 0
+        """Empty dataset batches the dataloader skipped."""
+
+    def read_notes(self) -> None:
+        """Take in every note sent so far (never waits)."""
+        while True:
+            try:
+                note = self._notes.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            if note.key is None:
+                self.empty_batches += 1
+            elif note.key not in self._outstanding:
+                # A resumed run's owed items are outstanding already.
+                self._outstanding[note.key] = None
+                self.handed_out += 1
+            if note.next_cursor is not None:
+                self.cursor = note.next_cursor
+
+    def retire(self, keys: Iterable[ItemKey]) -> None:
+        """Items trained or dropped: no longer owed."""
+        # Their notes were sent before them, so read those first.
+        self.read_notes()
+        for key in keys:
+            self._outstanding.pop(key, None)
+
+    @property
+    def outstanding(self) -> list[ItemKey]:
+        """Items handed out (or owed from before a resume) and neither trained nor dropped."""
+        self.read_notes()
+        return sorted(self._outstanding)

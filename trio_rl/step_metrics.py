@@ -1,0 +1,87 @@
+"""The metrics of one training step, as pure functions of what the step did."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tinker import types as tinker_types
+
+from .metrics import trajectory_metrics
+from .rollouts import is_initial_overflow
+from .types import Metrics
+from .work import FinishedGroup
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """Cumulative counts of a run so far, as the trainer knows them at the end of a step.
+
+    Attributes:
+        trained_groups: groups that reached ``forward_backward``.
+        filtered_groups: groups removed by the constant-reward filter.
+        requeued: groups sent back to be sampled again.
+        dropped_stale: groups dropped as too stale after the data ran out.
+        in_flight_max: the most groups handed out and not yet consumed at any step's start.
+        empty_batches: empty dataset batches skipped.
+    """
+
+    trained_groups: int = 0
+    filtered_groups: int = 0
+    requeued: int = 0
+    dropped_stale: int = 0
+    in_flight_max: int = 0
+    empty_batches: int = 0
+
+
+def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: int) -> Metrics:
+    """What the groups of step ``step`` say: rewards, tokens, staleness, rollout errors."""
+    versions = [g.version for g in groups]
+    metrics: Metrics = {
+        "progress/groups": len(groups),
+        # Smaller than the run's batch size: the end of data, or a short dataset batch.
+        "progress/partial_batch": int(len(groups) < groups_per_step),
+        "sampling_client/step_min": min(versions),
+        "sampling_client/step_max": max(versions),
+        "sampling_client/step_mean": sum(versions) / len(versions),
+        "sampling_client/staleness_max": step - min(versions),
+        "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
+        "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
+    }
+    metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
+    return metrics
+
+
+def count_metrics(counts: RunCounts) -> Metrics:
+    """The run's cumulative counts under their metric names."""
+    return {
+        "progress/trained_groups": counts.trained_groups,
+        "async/requeued": counts.requeued,
+        "async/dropped_stale": counts.dropped_stale,
+        "rollouts/in_flight_max": counts.in_flight_max,
+        "data/groups_filtered_constant": counts.filtered_groups,
+        "data/empty_batches": counts.empty_batches,
+    }
+
+
+def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:
+    if "loss:sum" in output.metrics:
+        return output.metrics["loss:sum"]
+    # Some Tinker-compatible servers (SkyRL) report only per-token losses.
+    return sum(
+        float(out["elementwise_loss"].to_numpy().sum()) for out in output.loss_fn_outputs if "elementwise_loss" in out
+    )
+
+
+def result_metrics(results: Sequence[Any]) -> Metrics:
+    """``train/loss:sum`` over the step's ``forward_backward`` answers and the optimizer's metrics."""
+    metrics: Metrics = {}
+    loss = 0.0
+    for result in results:
+        if isinstance(result, tinker_types.ForwardBackwardOutput):
+            loss += _loss_sum(result)
+        elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
+            metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
+    metrics["train/loss:sum"] = loss
+    return metrics

@@ -1,0 +1,130 @@
+"""Running one training step: submit its minibatches, wait for the backend, publish the new weights."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinker import types as tinker_types
+
+from .backends.protocol import PendingResult, TrainingClient
+from .data import is_constant_reward
+from .schedule import StepPlan
+from .types import Metrics
+from .weights import LatestWeights
+from .work import FinishedGroup
+
+
+@dataclass
+class TrainedStep:
+    """What one training step did.
+
+    Attributes:
+        step: the step's index (its weights become version ``step + 1``).
+        taken: every group the step consumed.
+        trained: the groups whose data reached ``forward_backward`` (``taken``
+            less those removed by the constant-reward filter).
+        results: the backend's answers, in submission order.
+        summary: metrics of the step's groups, computed while the backend worked.
+        train_seconds: from the first submission to the last answer.
+    """
+
+    step: int
+    taken: list[FinishedGroup] = field(default_factory=list)
+    trained: list[FinishedGroup] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+    summary: Metrics = field(default_factory=dict)
+    train_seconds: float = 0.0
+    _pending: list[PendingResult[Any]] = field(default_factory=list)
+    _grads_pending: bool = False
+    _started: float = field(default_factory=time.perf_counter)
+
+
+class StepRunner:
+    """Runs the trainer's steps on a training client and publishes each step's weights.
+
+    Requests are submitted back to back and only then waited for, so the backend
+    processes them in order without a round trip in between. A step cancelled
+    after it submitted work can be completed with :meth:`finish_interrupted`: a
+    submitted request is not taken back, so the state saved afterwards must
+    include it.
+    """
+
+    def __init__(
+        self,
+        client: TrainingClient,
+        weights: LatestWeights,
+        *,
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        adam_params: tinker_types.AdamParams,
+        remove_constant_reward_groups: bool,
+    ) -> None:
+        self._client = client
+        self._weights = weights
+        self._loss_fn = loss_fn
+        self._loss_fn_config = loss_fn_config
+        self._adam_params = adam_params
+        self._filter = remove_constant_reward_groups
+        self._current: TrainedStep | None = None
+
+    async def run(
+        self, step: int, plan: StepPlan, summarize: Callable[[list[FinishedGroup]], Metrics]
+    ) -> TrainedStep | None:
+        """Train ``plan`` as step ``step``; None if the plan held no group (the data has ended).
+
+        A step whose groups were all filtered out trains nothing and saves no new
+        sampler: its weights version is published with the unchanged weights.
+        """
+        current = self._current = TrainedStep(step)
+        while (minibatch := await plan.next_minibatch()) is not None:
+            current.taken.extend(minibatch.groups)
+            await self._submit(current, minibatch.groups, optim=minibatch.optim_step)
+        if not current.taken:
+            self._current = None
+            return None
+        current.summary = summarize(current.taken)
+        done = await self._complete(current)
+        if done.trained:
+            sampler = await self._client.save_weights_for_sampler(f"step_{step + 1:06d}")
+            self._weights.publish(step + 1, sampler)
+        else:
+            self._weights.advance(step + 1)
+        self._current = None
+        return done
+
+    async def finish_interrupted(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
+        """Complete a step that was cancelled after it had submitted work; None if it had not.
+
+        Its groups not yet submitted stay owed. Call it shielded, with a deadline.
+        """
+        current, self._current = self._current, None
+        if current is None or not current.trained:
+            return None
+        current.taken = list(current.trained)
+        current.summary = summarize(current.taken)
+        return await self._complete(current)
+
+    async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
+        kept = [g for g in groups if not (self._filter and is_constant_reward(g.group))]
+        data = [datum for group in kept for datum in group.data]
+        if data:
+            current._pending.append(
+                await self._client.forward_backward(data, self._loss_fn, self._loss_fn_config)  # type: ignore[arg-type]
+            )
+            current.trained.extend(kept)
+            current._grads_pending = True
+        # An optimizer step without gradients would still move Adam's weights by
+        # its momentum; a substep whose groups were all filtered out skips it.
+        if optim and current._grads_pending:
+            current._pending.append(await self._client.optim_step(self._adam_params))
+            current._grads_pending = False
+
+    async def _complete(self, current: TrainedStep) -> TrainedStep:
+        # A substep cut short by the end of data still gets its optim_step.
+        await self._submit(current, [], optim=True)
+        current.results = [await pending.result() for pending in current._pending]
+        current.train_seconds = time.perf_counter() - current._started
+        return current

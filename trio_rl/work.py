@@ -1,0 +1,78 @@
+"""What travels between the stages of a run: work items, finished groups, and the ledger's notes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinker import types as tinker_types
+
+from .types import EnvGroupBuilder, TrajectoryGroup
+
+
+@dataclass(frozen=True, order=True)
+class ItemKey:
+    """Where a group comes from in the dataset: ``dataset.get_batch(batch)[group]``."""
+
+    batch: int
+    group: int
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One env group on its way to being sampled.
+
+    Attributes:
+        key: its place in the dataset.
+        order: its admission index in this run; batches are sorted by it.
+        builder: the env group builder.
+        attempt: 0, then +1 each time the "requeue" policy sends it back.
+        min_version: the oldest weights version it may sample from.
+        step: the training step that will train it, where the schedule fixes it in advance.
+        step_size: how many groups that step trains, where the schedule fixes it.
+    """
+
+    key: ItemKey
+    order: int
+    builder: EnvGroupBuilder
+    attempt: int
+    min_version: int
+    step: int | None = None
+    step_size: int | None = None
+
+
+@dataclass
+class FinishedGroup:
+    """A sampled group with the weights version it was sampled from."""
+
+    item: WorkItem
+    version: int
+    group: TrajectoryGroup
+    tags: list[str]
+    data: list[tinker_types.Datum]
+    """The group's training data, assembled by the worker as soon as the group is done."""
+
+
+@dataclass(frozen=True)
+class AbandonedGroup:
+    """A rollout given up because its weights became too stale to train on (``"requeue"`` only)."""
+
+    item: WorkItem
+    version: int
+
+
+Delivery = FinishedGroup | AbandonedGroup
+"""What a rollout worker sends the trainer."""
+
+
+@dataclass(frozen=True)
+class Handout:
+    """The dataloader's note that it handed out an item (or skipped an empty batch).
+
+    Attributes:
+        key: the item handed out; None when an empty dataset batch was skipped.
+        next_cursor: the first dataset position not yet handed out afterwards;
+            None for an outstanding item of a resumed run (the cursor does not move).
+    """
+
+    key: ItemKey | None
+    next_cursor: ItemKey | None
