@@ -290,9 +290,14 @@ class UserCodeRunner:
         return self._loop
 
     async def _serve_loop(self, *, task_status: trio.TaskStatus[trio_asyncio.TrioEventLoop]) -> None:
-        async with _import_trio_asyncio().open_loop() as loop:
-            task_status.started(loop)
-            await self._closed.wait()
+        # Shielded: a cancelled run still runs its envs' shielded cleanups, and
+        # asyncio ones need the loop until then. The loop ends at close(), which
+        # open_user_code_runner calls once every stage has ended; asyncio calls
+        # in flight are cancelled by their own Trio callers' cancellation.
+        with trio.CancelScope(shield=True):
+            async with _import_trio_asyncio().open_loop() as loop:
+                task_status.started(loop)
+                await self._closed.wait()
 
     def close(self) -> None:
         """Let the loop's task end (closing the loop cancels asyncio tasks still running)."""
