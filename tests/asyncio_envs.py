@@ -40,6 +40,8 @@ class AsyncioLog:
     background: list[asyncio.Task[None]] = field(default_factory=list)
     loop_times: list[float] = field(default_factory=list)
     gate_order: list[tuple[int, int, int]] = field(default_factory=list)
+    made: int = 0
+    cleaned: int = 0
 
 
 # One semaphore slot for all envs of a run: every step but one waits, so the
@@ -121,6 +123,7 @@ class AsyncioGroupBuilder(EnvGroupBuilder):
         self.group_size = group_size
 
     async def make_envs(self) -> Sequence[Env]:
+        self.log.made += 1
         gate = asyncio.Semaphore(_GATE_SLOTS)
         loop = asyncio.get_running_loop()  # first, so that no coroutine is left unawaited without a loop
         self.log.background.append(loop.create_task(self._heartbeat()))
@@ -140,7 +143,10 @@ class AsyncioGroupBuilder(EnvGroupBuilder):
         return [(0.0, {"group_size": len(trajectory_group)}) for _ in trajectory_group]
 
     async def cleanup(self) -> None:
+        # Two asyncio steps: a cleanup cut short by the loop closing would not count.
         await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        self.log.cleaned += 1
 
 
 class AsyncioDataset(RLDataset):

@@ -157,6 +157,7 @@ async def test_max_steps_cancels_asyncio_tasks_an_env_started(log_path: Path, au
     # Fire-and-forget tasks (make_envs' heartbeats) are cancelled when the run's loop closes.
     assert all(task.done() for task in dataset.log.background)
     assert len([c for c in dataset.log.cancelled if c.startswith("heartbeat")]) == len(dataset.log.background)
+    assert dataset.log.made == dataset.log.cleaned
 
 
 async def test_cancelling_the_run_cancels_the_asyncio_tasks(log_path: Path, autojump_clock: Any) -> None:
@@ -166,6 +167,8 @@ async def test_cancelling_the_run_cancels_the_asyncio_tasks(log_path: Path, auto
     assert scope.cancelled_caught
     assert len([c for c in dataset.log.cancelled if c.startswith("child")]) == 2 * 2 * 2
     assert all(task.done() for task in dataset.log.background)
+    # The cancelled groups' asyncio cleanups still ran to the end: the loop outlives them.
+    assert dataset.log.made == dataset.log.cleaned == 2
 
 
 async def test_initial_observation_overflow_keeps_the_group_and_is_counted(log_path: Path, autojump_clock: Any) -> None:
