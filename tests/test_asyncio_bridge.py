@@ -168,7 +168,7 @@ async def test_cancelling_the_run_cancels_the_asyncio_tasks(log_path: Path, auto
     assert len([c for c in dataset.log.cancelled if c.startswith("child")]) == 2 * 2 * 2
     assert all(task.done() for task in dataset.log.background)
     # The cancelled groups' asyncio cleanups still ran to the end: the loop outlives them.
-    assert dataset.log.made == dataset.log.cleaned == 2
+    assert dataset.log.made == dataset.log.cleaned >= 2
 
 
 async def test_initial_observation_overflow_keeps_the_group_and_is_counted(log_path: Path, autojump_clock: Any) -> None:
