@@ -145,6 +145,7 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--load-checkpoint-path", "/tmp/state"], "load_checkpoint_path", "/tmp/state"),
     (["--resume"], "resume", True),
     (["--overwrite"], "overwrite", True),
+    (["--asyncio-bridge", "never"], "asyncio_bridge", "never"),
     (["--no-save-on-cancel"], "save_on_cancel", False),
     (["--cancel-save-timeout", "5"], "cancel_save_timeout", 5.0),
 ]  # fmt: skip

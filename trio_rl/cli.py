@@ -178,6 +178,8 @@ class CommonArgs:
     """wandb: the project"""
     wandb_mode: Literal["offline", "online"] = "offline"
     """wandb: offline writes the run under --log-path/wandb (upload later with wandb sync); online uploads live"""
+    asyncio_bridge: Literal["auto", "always", "never"] = "auto"
+    """run env and evaluator coroutines that need asyncio on a loop inside the run: decide per call, always, or never"""
     debug: bool = False
     """on a failure, print the whole traceback (it is always written to error.log in --log-path)"""
 

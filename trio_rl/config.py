@@ -9,6 +9,7 @@ from typing import Any, Literal, cast
 
 from tinker import types as tinker_types
 
+from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
 from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
@@ -110,6 +111,11 @@ class Config:
             first (its requests cannot be taken back), so the state and its record agree.
         eval_timeout: seconds one evaluator may take on one set of weights; a slower
             one ends the run with :class:`~trio_rl.errors.EvaluationTimeoutError`.
+        asyncio_bridge: how coroutines of envs, builders and evaluators are run
+            (see :mod:`trio_rl.asyncio_bridge`): ``"auto"`` decides per call from
+            the defining module's imports (asyncio, aiohttp, tinker_cookbook) or a ``runs_on`` mark, ``"always"`` runs every one
+            on the run's asyncio loop (tinker-cookbook code), ``"never"`` runs
+            them as plain Trio coroutines and opens no loop (the fastest).
     """
 
     log_path: Path | str
@@ -144,6 +150,7 @@ class Config:
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
     eval_timeout: float = 1800.0
+    asyncio_bridge: BridgeMode = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_path", Path(self.log_path))
@@ -267,6 +274,10 @@ class Config:
             self.stream_minibatch_config.validate(self.num_substeps, dataset_batch_size)
         if self.async_config is None and self.stream_minibatch_config is None and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
+        if self.asyncio_bridge not in BRIDGE_MODES:
+            raise ConfigError(
+                "asyncio_bridge", f"use one of {', '.join(map(repr, BRIDGE_MODES))}, not {self.asyncio_bridge!r}"
+            )
         if self.load_checkpoint_path is not None and self.resume:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
         if self.overwrite and self.resume:

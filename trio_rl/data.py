@@ -9,7 +9,7 @@ from typing import TypeVar
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .types import Trajectory, TrajectoryGroup
+from .types import PARSE_ERROR_MASKED_METRIC_KEY, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
 
@@ -66,7 +66,10 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
     Turns whose observation extends the sequence so far (the usual multi-turn chat
     case) are merged into one Datum; an observation that does not extend it starts
     a new Datum. Observation tokens carry zero advantage and zero logprob; action
-    tokens carry the trajectory's advantage and the sampler's logprobs.
+    tokens carry the trajectory's advantage and the sampler's logprobs, except in
+    a transition whose ``parse_error_masked`` metric is set, whose action tokens
+    get zero advantage and weight. An empty transition (an initial-observation
+    overflow) adds no tokens.
 
     Args:
         trajectory: the episode.
@@ -89,7 +92,9 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
             current = _Sequence()
             current.extend(ob_tokens, None, 0.0, trained=False)
         action = transition.ac
-        current.extend(action.tokens, action.maybe_logprobs, advantage, trained=True)
+        # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
+        masked = bool(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY))
+        current.extend(action.tokens, action.maybe_logprobs, advantage, trained=not masked)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data

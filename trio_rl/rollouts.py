@@ -13,10 +13,16 @@ failures are captured with :mod:`outcome`:
   whatever succeeded as long as at least ``min_successful`` rollouts did.
 
 Every failed attempt is recorded as a :class:`RolloutError` on its group.
+
+Every coroutine method of a user object (env, builder) is called through
+:func:`trio_rl.asyncio_bridge.call_user`, so asyncio-flavoured envs (the
+cookbook's) run on the run's asyncio loop and Trio ones run natively.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -27,12 +33,16 @@ import outcome
 import trio
 from tinker import types as tinker_types
 
+from .asyncio_bridge import call_user, current_runner
+from . import _tinker_compat as compat
 from .backends.protocol import SamplingClient
 from .errors import GroupFailedError
 from .determinism import derive_seed
 from .types import (
+    ActionExtra,
     Env,
     EnvGroupBuilder,
+    InitialObservationOverflow,
     Observation,
     RolloutError,
     StopCondition,
@@ -40,6 +50,7 @@ from .types import (
     Trajectory,
     TrajectoryGroup,
     Transition,
+    stop_reason_from_metrics,
 )
 
 CLEANUP_TIMEOUT_S = 30.0
@@ -72,23 +83,90 @@ class SamplingPolicy:
         self._turn += 1
         response = await self._client.sample(ob, 1, params)
         sequence = response.sequences[0]
-        return TokensWithLogprobs(tokens=list(sequence.tokens), maybe_logprobs=sequence.logprobs)
+        return TokensWithLogprobs(
+            tokens=list(sequence.tokens),
+            maybe_logprobs=sequence.logprobs,
+            stop_reason=sequence.stop_reason,
+            sequence_id=getattr(sequence, "sequence_id", None),
+        )
 
 
 PolicyFactory = Callable[[int, int], TokenPolicy]
 """``(env_index, attempt) -> policy``: a fresh policy for each rollout attempt."""
 
 
+@functools.cache
+def _step_takes_extra(step: Callable[..., object]) -> bool:
+    """Whether an ``Env.step`` implementation accepts ``extra=`` (cookbook envs do; older trio_rl envs may not)."""
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "extra" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _overflow_trajectory(overflow: InitialObservationOverflow) -> Trajectory:
+    """The trajectory of a rollout whose env returned ``overflow`` (read by field name)."""
+    # As in the cookbook: one synthetic, empty transition carrying the overflow's
+    # reward; it yields no training tokens but counts in the group's mean.
+    empty = compat.model_input_from_ints([])
+    transition = Transition(
+        ob=empty,
+        ac=TokensWithLogprobs(tokens=[], maybe_logprobs=[]),
+        reward=overflow.reward,
+        episode_done=True,
+        metrics=dict(getattr(overflow, "metrics", {})),
+        logs=dict(getattr(overflow, "logs", {})),
+    )
+    return Trajectory([transition], final_ob=empty, stop_reason=stop_reason_from_metrics(transition.metrics))
+
+
+def is_initial_overflow(trajectory: Trajectory) -> bool:
+    """Whether ``trajectory`` ended at once because its prompt overflowed (see :class:`InitialObservationOverflow`)."""
+    return (
+        len(trajectory.transitions) == 1
+        and not trajectory.transitions[0].ac.tokens
+        and trajectory.transitions[0].ob.length == 0
+    )
+
+
 async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
-    """Run one episode of ``env`` under ``policy``."""
-    ob, stop = await env.initial_observation()
+    """Run one episode of ``env`` under ``policy``.
+
+    ``step`` gets the sampler's stop reason in ``extra`` (when it accepts
+    ``extra``); an env returning :class:`InitialObservationOverflow` ends at once
+    without sampling; the final transition's ``stop/<reason>`` metric becomes
+    :attr:`Trajectory.stop_reason`.
+    """
+    runner = current_runner()
+    initial = await runner.call(env.initial_observation)
+    # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
+    if not isinstance(initial, tuple):
+        if not hasattr(initial, "reward"):
+            raise TypeError(
+                f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
+                "expected (observation, stop_condition) or InitialObservationOverflow"
+            )
+        return _overflow_trajectory(initial)
+    ob, stop = initial
+    takes_extra = _step_takes_extra(type(env).step)
+    step = runner.bind(env.step)
     transitions: list[Transition] = []
     while True:
         action = await policy(ob, stop)
-        result = await env.step(action.tokens)
-        transitions.append(Transition(ob, action, result.reward, result.episode_done, result.metrics))
+        if takes_extra:
+            result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
+        else:
+            result = await step(action.tokens)
+        # Results are read by field name: a cookbook env returns the cookbook's StepResult.
+        transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {}))
+        transitions.append(transition)
         if result.episode_done:
-            return Trajectory(transitions=transitions, final_ob=result.next_observation)
+            return Trajectory(
+                transitions=transitions,
+                final_ob=result.next_observation,
+                stop_reason=stop_reason_from_metrics(transition.metrics),
+            )
         ob, stop = result.next_observation, result.next_stop_condition
 
 
@@ -217,7 +295,7 @@ async def _run_with_retries(
     async def slot(index: int, env: Env) -> None:
         for attempt in range(max_retries + 1):
             if attempt > 0:
-                env = await builder.make_env(index)
+                env = await call_user(builder.make_env, index)
             captured: outcome.Value[Trajectory] | outcome.Error | None = None
             with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
                 captured = await outcome.acapture(do_single_rollout, policy_for(index, attempt), env)
@@ -228,10 +306,12 @@ async def _run_with_retries(
                     captured.unwrap()
             if scope.cancelled_caught:
                 errors.append(
-                    RolloutError(index, attempt, TimeoutError(f"rollout exceeded {timeout} s"), timed_out=True)
+                    RolloutError.from_exception(
+                        TimeoutError(f"rollout exceeded {timeout} s"), env_index=index, attempt=attempt, timed_out=True
+                    )
                 )
             elif isinstance(captured, outcome.Error):
-                errors.append(RolloutError(index, attempt, captured.error))
+                errors.append(RolloutError.from_exception(captured.error, env_index=index, attempt=attempt))
             elif captured is not None:
                 results[index] = (captured.value, env)
                 return
@@ -255,7 +335,7 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
     leaves of one group.
     """
     try:
-        envs = await builder.make_envs()
+        envs = await call_user(builder.make_envs)
         if not envs:
             raise ValueError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
         yield envs
@@ -283,7 +363,7 @@ async def _cleanup(builder: EnvGroupBuilder) -> Exception | None:
     """Run ``builder.cleanup()`` shielded and bounded; return its exception instead of raising it."""
     with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
         try:
-            await builder.cleanup()
+            await call_user(builder.cleanup)
         except Exception as exc:
             return exc
     return None
@@ -297,7 +377,7 @@ async def rollout_group(
 ) -> TrajectoryGroup:
     """Roll out already-made ``envs`` with ``strategy`` and compute group rewards."""
     rollout = await strategy.run(builder, envs, policy_for)
-    rewards_and_metrics = await builder.compute_group_rewards(rollout.trajectories, rollout.envs)
+    rewards_and_metrics = await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs)
     if len(rewards_and_metrics) != len(rollout.trajectories):
         raise ValueError(
             f"{type(builder).__name__}.compute_group_rewards returned {len(rewards_and_metrics)} "

@@ -9,6 +9,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from .metrics import trajectory_metrics
+from .rollouts import is_initial_overflow
 from .types import Metrics
 from .work import FinishedGroup
 
@@ -46,6 +47,7 @@ def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: i
         "sampling_client/step_mean": sum(versions) / len(versions),
         "sampling_client/staleness_max": step - min(versions),
         "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
+        "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
     }
     metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
     return metrics

@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from .asyncio_bridge import open_user_code_runner
 from .backends.protocol import Backend
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
@@ -161,7 +162,12 @@ async def train(
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
-        async with _one_error_per_fault(), trio.open_nursery() as nursery:
+        # User code that needs asyncio runs on one loop that lives as long as the stages.
+        async with (
+            _one_error_per_fault(),
+            open_user_code_runner(config.asyncio_bridge),
+            trio.open_nursery() as nursery,
+        ):
             # Setting up inside the nursery makes its failures arrive like any other.
             begin = await run_folder.start(config, backend, checkpoints)
             training_client, start_step = begin.training_client, begin.step
