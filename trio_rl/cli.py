@@ -534,10 +534,27 @@ def run_cli(
     except* Exception as group:
         failures = group
     finally:
-        _exit_quietly_on_stop_signals(outcome)
+        _ignore_stop_signals_until_reported()
         if bar is not None:
             bar.close()
         close_sinks(sinks)
+    try:
+        return _report(outcome, config_errors, failures, log_path, curve_keys, started, stream, debug)
+    finally:
+        _restore_stop_signals()
+
+
+def _report(
+    outcome: _Outcome,
+    config_errors: list[ConfigError],
+    failures: BaseExceptionGroup[Exception] | None,
+    log_path: Path,
+    curve_keys: Sequence[str],
+    started: float,
+    stream: IO[str],
+    debug: bool,
+) -> int:
+    """Say how the run ended, in one line (or one per error), and return the exit code."""
     if config_errors:
         for error in config_errors:
             stream.write(f"error: {error}\n")
@@ -587,14 +604,20 @@ def _hand_signals_to_trio() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: _EARLY_SIGNALS.append(signum))
 
 
-def _exit_quietly_on_stop_signals(outcome: _Outcome) -> None:
-    # After the run: the save is done or abandoned; a press now only ends the process.
+def _ignore_stop_signals_until_reported() -> None:
+    # After the run the save is done (or abandoned); what is left takes a moment
+    # (the curve, one line), and a press now must not cut that line off.
     if threading.current_thread() is not threading.main_thread():
         return
     _EARLY_SIGNALS.clear()
-    code = outcome.exit_code
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(code))
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(code))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _restore_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _report_failure(failures: BaseExceptionGroup[Exception], log_path: Path, stream: IO[str], debug: bool) -> int:
