@@ -63,7 +63,7 @@ class FakeTokenizer:
 
 
 def _fake_group_key(datum: tinker_types.Datum) -> tuple[int, int]:
-    """The (batch % 7, group % 5) a fake env wrote into the first two prompt tokens."""
+    """The (batch, group) a fake env wrote into the first two prompt tokens."""
     tokens = datum.model_input.to_ints()
     return (tokens[0] - 1, tokens[1] - 2)
 
@@ -311,7 +311,7 @@ class FakeEnv(Env):
         self.spec = spec
         self.attempt = attempt
         self.turn = 0
-        self.tokens = [1 + key[0] % 7, 2 + key[1] % 5, 3 + index]
+        self.tokens = [1 + key[0], 2 + key[1], 3 + index]
         self.log = log
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
