@@ -191,6 +191,7 @@ async def train(
                     loss_fn=config.loss_fn,
                     staleness_limit=schedule.staleness_limit,
                     abandon_stale=schedule.abandons_stale_rollouts,
+                    exact_version=schedule.samples_exact_version,
                 ),
                 trainer=TrainerSettings(
                     start_step=start_step,
