@@ -52,6 +52,8 @@ from .types import (
 )
 
 __all__ = [
+    "PARSE_ERROR_MASKED_METRIC_KEY",
+    "STOP_METRIC_PREFIX",
     "Action",
     "ActionExtra",
     "AsyncConfig",
@@ -74,7 +76,6 @@ __all__ = [
     "Metrics",
     "MinViableGroup",
     "Observation",
-    "PARSE_ERROR_MASKED_METRIC_KEY",
     "Pace",
     "PendingResult",
     "RLDataset",
@@ -83,7 +84,6 @@ __all__ = [
     "RetryOnFailure",
     "RolloutError",
     "RunHandle",
-    "STOP_METRIC_PREFIX",
     "SamplingClient",
     "SamplingClientEvaluator",
     "SamplingPolicy",

@@ -178,7 +178,7 @@ def _judge(fn: Callable[..., Any]) -> Flavour:
         mark = getattr(type(fn), _MARKER, None)
         if mark is not None:
             return mark  # type: ignore[no-any-return]
-        target = getattr(type(fn), "__call__", target)
+        target = type(fn).__call__ if callable(fn) else target
     target = inspect.unwrap(target)
     return _module_flavour(getattr(target, "__module__", "") or "") or "trio"
 
@@ -333,7 +333,7 @@ def _same_leaves(a: BaseException, b: BaseException) -> bool:
     # Trio's cancel scope rebuilds (splits) a group on its way out, so the body's
     # group comes back as an equal copy holding the very same leaf exceptions.
     leaves_a, leaves_b = _leaves(a), _leaves(b)
-    return len(leaves_a) == len(leaves_b) and all(x is y for x, y in zip(leaves_a, leaves_b))
+    return len(leaves_a) == len(leaves_b) and all(x is y for x, y in zip(leaves_a, leaves_b, strict=True))
 
 
 @asynccontextmanager

@@ -34,7 +34,7 @@ class CheckpointRecord:
     step: int
     state_path: str
     cursor: tuple[int, int]
-    outstanding: list[tuple[int, int]] = field(default_factory=list)
+    outstanding: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
     final: bool = False
     reason: str = "periodic"
 
@@ -99,12 +99,11 @@ class CheckpointKeeper:
         name = f"step_{step:06d}"
         # The weights of a step saved periodically are still the final ones:
         # record that state again as final rather than save it twice.
-        if self._last is not None and self._last[0] == step:
-            path = self._last[1]
-        else:
+        if self._last is None or self._last[0] != step:
             with trio.CancelScope(shield=self._shielded):
-                path = await self._client.save_state(name)
-            self._last = (step, path)
+                self._last = (step, await self._client.save_state(name))
+        assert self._last is not None and self._last[0] == step
+        path = self._last[1]
         ledger = self._ledger
         ledger.read_notes()
         record = CheckpointRecord(

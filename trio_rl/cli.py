@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -376,7 +376,7 @@ _EARLY_SIGNALS: list[int] = []
 """SIGTERMs that arrived after trio.run began but before the watcher listened (see _hand_signals_to_trio)."""
 
 
-async def _chain(first: list[int], then: trio.abc.ReceiveChannel[int] | Any) -> Any:
+async def _chain(first: list[int], then: AsyncIterator[int]) -> AsyncIterator[int]:
     while first:
         yield first.pop(0)
     async for signum in then:

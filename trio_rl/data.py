@@ -38,10 +38,10 @@ def remove_constant_reward_groups(groups: Sequence[TrajectoryGroup]) -> list[Tra
 class _Sequence:
     """A growing token sequence with per-token sampling logprob, advantage and mask."""
 
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    advantages: list[float] = field(default_factory=list)
-    mask: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list[int])
+    logprobs: list[float] = field(default_factory=list[float])
+    advantages: list[float] = field(default_factory=list[float])
+    mask: list[float] = field(default_factory=list[float])
 
     def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:
         self.tokens.extend(tokens)
@@ -110,8 +110,8 @@ def assemble_training_data(
     RL losses), so the number of Datums does not depend on reward values.
     """
     data: list[tinker_types.Datum] = []
-    for group, advantages in zip(groups, compute_advantages(groups)):
-        for trajectory, advantage in zip(group.trajectories_G, advantages):
+    for group, advantages in zip(groups, compute_advantages(groups), strict=True):
+        for trajectory, advantage in zip(group.trajectories_G, advantages, strict=True):
             data.extend(trajectory_to_data(trajectory, advantage, loss_fn))
     return data
 

@@ -87,5 +87,6 @@ def one_per_fault(group: BaseExceptionGroup[BaseException]) -> BaseExceptionGrou
 
 def _leaves(exc: BaseException) -> int:
     if isinstance(exc, BaseExceptionGroup):
-        return sum(_leaves(inner) for inner in exc.exceptions)
+        group: BaseExceptionGroup[BaseException] = exc  # pyright: ignore[reportUnknownVariableType]
+        return sum(_leaves(e) for e in group.exceptions)
     return 1

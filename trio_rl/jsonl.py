@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 class RunFolderWarning(UserWarning):
@@ -29,15 +29,16 @@ def read_records(path: Path, *, repair: bool = False) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     text = path.read_text()
-    lines = text.split("\n")
+    lines: list[str] = text.split("\n")
     records: list[dict[str, Any]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
+            parsed: Any = json.loads(line)
+            if not isinstance(parsed, dict):
                 raise ValueError("not a JSON object")
+            record = cast(dict[str, Any], parsed)
         except ValueError as exc:
             if any(rest.strip() for rest in lines[number:]):
                 raise DamagedFileError(

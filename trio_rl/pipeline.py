@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,8 +37,8 @@ from .backends.protocol import SamplingClient, TrainingClient
 from .checkpoint import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .data import assemble_training_data
 from .determinism import derive_seed, settle
-from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .errors import NonFiniteError
+from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
 from .ledger import DataLedger
 from .metrics import MetricsLog
@@ -46,7 +46,7 @@ from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, ro
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
 from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics
 from .training_step import StepRunner, TrainedStep
-from .types import EnvGroupBuilder, Metrics, RLDataset
+from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, WorkItem
 
@@ -175,7 +175,7 @@ async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> N
 
 
 @contextmanager
-def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Iterator[None]:
+def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Generator[None, None, None]:
     """Close ``channels`` when the block ends or is cancelled, but not when it raises.
 
     Closing is how the end of data travels downstream. A stage that crashed has
@@ -421,11 +421,12 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
         def policy_for(env_index: int, attempt: int) -> TokenPolicy:
             return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
 
+        group: TrajectoryGroup | None = None
         with trio.CancelScope() as stale:
             if settings.abandon_stale:
                 weights.cancel_at(version + settings.staleness_limit + 1, stale)
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
-    if stale.cancelled_caught:
+    if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     _check_finite_rewards(item, version, group.get_total_rewards())
     # Advantages are centred within the group, so its data can be built here,

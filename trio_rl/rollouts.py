@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,11 +33,11 @@ import outcome
 import trio
 from tinker import types as tinker_types
 
-from .asyncio_bridge import call_user, current_runner
 from . import _tinker_compat as compat
+from .asyncio_bridge import call_user, current_runner
 from .backends.protocol import SamplingClient
-from .errors import GroupFailedError
 from .determinism import derive_seed
+from .errors import GroupFailedError
 from .types import (
     ActionExtra,
     Env,
@@ -176,7 +176,7 @@ class GroupRollout:
 
     trajectories: list[Trajectory]
     envs: list[Env]
-    errors: list[RolloutError] = field(default_factory=list)
+    errors: list[RolloutError] = field(default_factory=list[RolloutError])
 
 
 class ErrorStrategy(Protocol):
@@ -325,7 +325,7 @@ async def _run_with_retries(
 
 
 @asynccontextmanager
-async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
+async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], None]:
     """Make a group's envs and always clean them up afterwards.
 
     ``cleanup`` runs shielded from cancellation, so a cancelled or crashed run

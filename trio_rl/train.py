@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from . import run_folder
 from .asyncio_bridge import open_user_code_runner
 from .backends.protocol import Backend
 from .checkpoint import CheckpointLog, CheckpointRecord
@@ -19,11 +20,11 @@ from .errors import ConfigError, one_per_fault
 from .evaluation import SamplingClientEvaluator
 from .jsonl import read_records
 from .metrics import MetricsLog, merge_by_step
-from . import run_folder
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
 from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
+
 
 @dataclass
 class RunHandle:
@@ -96,7 +97,7 @@ class TrainResult:
 
 
 @asynccontextmanager
-async def _one_error_per_fault() -> AsyncIterator[None]:
+async def _one_error_per_fault() -> AsyncGenerator[None, None]:
     try:
         yield
     except BaseExceptionGroup as group:
@@ -108,7 +109,7 @@ async def _one_error_per_fault() -> AsyncIterator[None]:
 
 def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
     """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
-    first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
+    first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     if config.error_strategy.max_retries > 0 and first_batch:
         builder_type = type(first_batch[0])
@@ -223,7 +224,8 @@ async def train(
         if metrics_log is not None:
             metrics_log.close()
     counts = outcome.counts
-    assert metrics_log.last_final is not None, "the trainer writes the final record before it returns"
+    summary = metrics_log.last_final if metrics_log is not None else None
+    assert summary is not None, "the trainer writes the final record before it returns"
     return TrainResult(
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
@@ -231,7 +233,7 @@ async def train(
         trained_groups=counts.trained_groups,
         dropped_groups=counts.dropped_stale,
         cancelled_groups=outcome.cancelled_groups,
-        summary=metrics_log.last_final,
+        summary=summary,
         metrics_path=log_path / run_folder.METRICS_FILE,
         first_step=start_step,
     )

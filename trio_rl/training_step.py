@@ -32,14 +32,15 @@ class TrainedStep:
     """
 
     step: int
-    taken: list[FinishedGroup] = field(default_factory=list)
-    trained: list[FinishedGroup] = field(default_factory=list)
-    results: list[Any] = field(default_factory=list)
-    summary: Metrics = field(default_factory=dict)
+    taken: list[FinishedGroup] = field(default_factory=list[FinishedGroup])
+    trained: list[FinishedGroup] = field(default_factory=list[FinishedGroup])
+    results: list[Any] = field(default_factory=list[Any])
+    summary: Metrics = field(default_factory=dict[str, Any])
     train_seconds: float = 0.0
-    _pending: list[PendingResult[Any]] = field(default_factory=list)
-    _grads_pending: bool = False
-    _started: float = field(default_factory=time.perf_counter)
+    # The runner's own bookkeeping while the step is in flight.
+    pending: list[PendingResult[Any]] = field(default_factory=list[PendingResult[Any]], repr=False)
+    grads_pending: bool = field(default=False, repr=False)
+    started: float = field(default_factory=time.perf_counter, repr=False)
 
 
 class StepRunner:
@@ -111,20 +112,20 @@ class StepRunner:
         kept = [g for g in groups if not (self._filter and is_constant_reward(g.group))]
         data = [datum for group in kept for datum in group.data]
         if data:
-            current._pending.append(
+            current.pending.append(
                 await self._client.forward_backward(data, self._loss_fn, self._loss_fn_config)  # type: ignore[arg-type]
             )
             current.trained.extend(kept)
-            current._grads_pending = True
+            current.grads_pending = True
         # An optimizer step without gradients would still move Adam's weights by
         # its momentum; a substep whose groups were all filtered out skips it.
-        if optim and current._grads_pending:
-            current._pending.append(await self._client.optim_step(self._adam_params))
-            current._grads_pending = False
+        if optim and current.grads_pending:
+            current.pending.append(await self._client.optim_step(self._adam_params))
+            current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
-        current.results = [await pending.result() for pending in current._pending]
-        current.train_seconds = time.perf_counter() - current._started
+        current.results = [await pending.result() for pending in current.pending]
+        current.train_seconds = time.perf_counter() - current.started
         return current

@@ -77,8 +77,8 @@ class InitialObservationOverflow:
     """
 
     reward: float
-    metrics: Metrics = field(default_factory=dict)
-    logs: Logs = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict[str, float | int])
+    logs: Logs = field(default_factory=dict[str, str | int | float])
 
 
 class ActionExtra(TypedDict, total=False):
@@ -124,8 +124,8 @@ class StepResult:
     episode_done: bool
     next_observation: Observation
     next_stop_condition: StopCondition
-    metrics: Metrics = field(default_factory=dict)
-    logs: Logs = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict[str, float | int])
+    logs: Logs = field(default_factory=dict[str, str | int | float])
 
 
 @dataclass
@@ -136,8 +136,8 @@ class Transition:
     ac: TokensWithLogprobs
     reward: float
     episode_done: bool
-    metrics: Metrics = field(default_factory=dict)
-    logs: Logs = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict[str, float | int])
+    logs: Logs = field(default_factory=dict[str, str | int | float])
 
 
 class Env:
@@ -221,7 +221,7 @@ class TrajectoryGroup:
     trajectories_G: list[Trajectory]
     final_rewards_G: list[float]
     metrics_G: list[Metrics]
-    rollout_errors: list[RolloutError] = field(default_factory=list)
+    rollout_errors: list[RolloutError] = field(default_factory=list["RolloutError"])
 
     def get_total_rewards(self) -> list[float]:
         """Per trajectory, the sum of its step rewards plus its final group reward."""
@@ -231,7 +231,7 @@ class TrajectoryGroup:
             )
         return [
             sum(t.reward for t in traj.transitions) + final
-            for traj, final in zip(self.trajectories_G, self.final_rewards_G)
+            for traj, final in zip(self.trajectories_G, self.final_rewards_G, strict=True)
         ]
 
 
@@ -295,7 +295,7 @@ def _as_chz_class(cls: type[Any]) -> type[Any]:
     # chz wants a chz base under a chz subclass. trio_rl does not depend on chz;
     # wherever cookbook modules run it is installed, and then the base is one.
     try:
-        import chz
+        import chz  # pyright: ignore[reportMissingImports]  (optional: present where cookbook code runs)
     except ImportError:
         return cls
     return chz.chz(cls)  # type: ignore[no-any-return]

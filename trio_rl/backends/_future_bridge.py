@@ -32,8 +32,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
-from collections.abc import Iterator
-from typing import Protocol, TypeAlias, TypeVar
+from collections.abc import Generator
+from typing import Protocol, TypeAlias, TypeVar, cast
 
 import trio
 
@@ -103,9 +103,9 @@ def as_concurrent_future(obj: SDKFuture[T]) -> concurrent.futures.Future[T]:
     """
     future_method = getattr(type(obj), "future", None)
     if callable(future_method):
-        inner = obj.future()  # type: ignore[union-attr]
+        inner: object = obj.future()  # type: ignore[union-attr]
         if isinstance(inner, concurrent.futures.Future):
-            return inner
+            return cast("concurrent.futures.Future[T]", inner)
     if isinstance(obj, concurrent.futures.Future):
         return obj
     raise TypeError(
@@ -115,7 +115,7 @@ def as_concurrent_future(obj: SDKFuture[T]) -> concurrent.futures.Future[T]:
 
 
 @contextlib.contextmanager
-def remote_deadline(what: str, timeout: float | None) -> Iterator[None]:
+def remote_deadline(what: str, timeout: float | None) -> Generator[None, None, None]:
     """Give the enclosed remote wait ``timeout`` seconds, then fail with a clear error.
 
     Args:
@@ -176,10 +176,8 @@ async def _wait_done(cf: concurrent.futures.Future[T], withdraw_on_cancel: bool)
 
     def wake(_: concurrent.futures.Future[T]) -> None:
         # Runs in the SDK's thread: hand over and return, never block or raise.
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(done.set)
-        except trio.RunFinishedError:
-            pass
 
     cf.add_done_callback(wake)
     try:

@@ -349,10 +349,7 @@ class TinkerTrainingClient:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if with_optimizer:
-            future = self._client.load_state_with_optimizer(path)
-        else:
-            future = self._client.load_state(path)
+        future = self._client.load_state_with_optimizer(path) if with_optimizer else self._client.load_state(path)
         await await_future(future, what="load_state", timeout=self._timeouts.checkpoint)
 
     async def get_tokenizer(self) -> Tokenizer:

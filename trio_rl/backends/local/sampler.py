@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import trio
+import trio.lowlevel
 from tinker import types as tinker_types
 from torch import Tensor
 
@@ -272,7 +273,7 @@ class SamplingEngine:
         try:
             # One extra tick lets every task that is submitting right now queue
             # its request, so a burst starts as one batch.
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             while True:
                 self._pending = [r for r in self._pending if not r.cancelled]
                 if not self._rows and not self._pending:
@@ -375,7 +376,7 @@ class SamplingEngine:
             self._cache = [
                 (torch.cat([_pad_slots(k0, slots), _pad_slots(k1, slots)]),
                  torch.cat([_pad_slots(v0, slots), _pad_slots(v1, slots)]))
-                for (k0, v0), (k1, v1) in zip(self._cache, new_cache)
+                for (k0, v0), (k1, v1) in zip(self._cache, new_cache, strict=True)
             ]
         else:
             self._cache = new_cache
@@ -392,7 +393,7 @@ class SamplingEngine:
         tokens, logprobs = pick_tokens(logits, temperature, top_k, top_p, uniform)
         finished: list[tuple[_Row, tinker_types.StopReason]] = []
         done: list[int] = []
-        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
+        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(tok)
             row.logprobs.append(_to_f32(lp))
             request = row.request

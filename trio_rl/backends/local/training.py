@@ -76,7 +76,7 @@ def forward_backward_batch(
     max_len, vocab = model.config.max_seq_len, model.vocab_size
     seqs = [datum.model_input.to_ints() for datum in data]
     inputs: list[dict[str, torch.Tensor]] = []
-    for i, (datum, seq) in enumerate(zip(data, seqs)):
+    for i, (datum, seq) in enumerate(zip(data, seqs, strict=True)):
         if not seq:
             raise ValueError(f"datum {i} has an empty model_input")
         if len(seq) > max_len:
@@ -102,7 +102,7 @@ def forward_backward_batch(
     width = int(lengths.max())
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     targets = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, (seq, tensors) in enumerate(zip(seqs, inputs)):
+    for i, (seq, tensors) in enumerate(zip(seqs, inputs, strict=True)):
         tokens[i, : len(seq)] = torch.tensor(seq)
         targets[i, : len(seq)] = tensors["target_tokens"]
     positions = torch.arange(width).expand(len(seqs), width)
