@@ -8,8 +8,8 @@ import pytest
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import run_fake
-from trio_rl import AsyncConfig, Config, ConfigError, RetryOnFailure, StreamMinibatchConfig
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder
+from trio_rl import AsyncConfig, Config, ConfigError, FailFast, MinViableGroup, RetryOnFailure, StreamMinibatchConfig
+from trio_rl.testing import FakeBackend, FakeDataset
 
 
 @pytest.mark.parametrize(
@@ -43,18 +43,18 @@ async def test_invalid_config_is_rejected_before_any_work(
     assert not (tmp_path / "run").exists()
 
 
-async def test_retries_need_builders_that_make_one_env(tmp_path: Path, autojump_clock: MockClock) -> None:
-    class GroupOnly(FakeDataset):
-        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
-            class NoMakeEnv(FakeEnvGroupBuilder):
-                make_env = FakeEnvGroupBuilder.__mro__[1].make_env  # the base class's: not implemented
+def test_rollout_error_tolerance_takes_the_cookbook_values(tmp_path: Path) -> None:
+    assert Config(log_path=tmp_path).rollout_strategy() == FailFast()
+    assert Config(log_path=tmp_path, rollout_error_tolerance=True).rollout_strategy() == RetryOnFailure(max_retries=3)
+    strategy = MinViableGroup(max_retries=5)
+    assert Config(log_path=tmp_path, rollout_error_tolerance=strategy).rollout_strategy() is strategy
+    with pytest.raises(ConfigError, match="bool or an error strategy") as info:
+        Config(log_path=tmp_path, rollout_error_tolerance="retry").validate()  # type: ignore[arg-type]
+    assert info.value.field == "rollout_error_tolerance"
 
-            return [NoMakeEnv((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
 
-    config = Config(log_path=tmp_path / "run", error_strategy=RetryOnFailure(max_retries=1))
-    with pytest.raises(ConfigError, match="make_env") as info:
-        await run_fake(config, GroupOnly(2, 2))
-    assert info.value.field == "error_strategy"
+def test_the_default_async_policy_is_pace_as_in_cookbook_0_6_1() -> None:
+    assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "pace"
 
 
 def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from tinker import types as tinker_types
 
 from .errors import ConfigError
-from .rollouts import ErrorStrategy, FailFast
+from .rollouts import ErrorStrategy, rollout_strategy_from_config
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
 LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
@@ -55,15 +55,16 @@ class AsyncConfig:
         max_steps_off_policy: K, how many steps behind the trainer a group's
             sampling weights may be when it is trained.
         groups_per_batch: groups per training step.
-        staleness: ``"requeue"`` resamples groups more than K steps stale while
-            the dataset still has data and drops them (counted) afterwards;
-            ``"pace"`` never starts a group that could end up more than K steps
-            stale, so nothing is discarded.
+        staleness: ``"pace"`` (the default, tinker-cookbook 0.6.1's behaviour)
+            never starts a group that could end up more than K steps stale, so
+            no completed group is discarded; ``"requeue"`` (the cookbook 0.5.5
+            behaviour) resamples groups more than K steps stale while the
+            dataset still has data and drops them (counted) afterwards.
     """
 
     max_steps_off_policy: int
     groups_per_batch: int
-    staleness: Literal["requeue", "pace"] = "requeue"
+    staleness: Literal["pace", "requeue"] = "pace"
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split."""
@@ -96,7 +97,11 @@ class Config:
         kl_penalty_coef: reserved; a nonzero value is rejected until a reference model is supported.
         seed: seed from which every rollout's randomness derives.
         num_workers: concurrent rollout workers (None: enough for every group in flight).
-        error_strategy: what a failed rollout does to its group.
+        rollout_error_tolerance: what a failed rollout does to its group, as in
+            tinker-cookbook: ``False`` (:class:`~trio_rl.FailFast`: the run ends),
+            ``True`` (:class:`~trio_rl.RetryOnFailure` with its defaults), or a
+            strategy. Under a retrying strategy a group that fails beyond its
+            tolerance is skipped and counted (``rollout_errors/...``).
         stream_minibatch_config, async_config: select the mode (neither: sync on-policy).
         load_checkpoint_path: resume from this ``save_state`` path (see also ``resume``).
         resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
@@ -131,7 +136,7 @@ class Config:
     kl_penalty_coef: float = 0.0
     seed: int = 0
     num_workers: int | None = None
-    error_strategy: ErrorStrategy = field(default_factory=FailFast)
+    rollout_error_tolerance: bool | ErrorStrategy = False
     stream_minibatch_config: StreamMinibatchConfig | None = None
     async_config: AsyncConfig | None = None
     load_checkpoint_path: str | None = None
@@ -167,6 +172,10 @@ class Config:
             sc = self.stream_minibatch_config
             return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
         return Sync(max(1, dataset_batch_size), self.num_substeps)
+
+    def rollout_strategy(self) -> ErrorStrategy:
+        """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``)."""
+        return rollout_strategy_from_config(self.rollout_error_tolerance)
 
     def adam_params(self) -> tinker_types.AdamParams:
         """The ``AdamParams`` sent with every ``optim_step``."""
@@ -225,6 +234,10 @@ class Config:
             raise ConfigError(
                 "kl_penalty_coef", "a KL penalty needs a reference model, which trio_rl does not support yet; set it to 0"
             )
+        try:
+            self.rollout_strategy()
+        except TypeError as error:
+            raise ConfigError("rollout_error_tolerance", str(error)) from None
         if self.async_config is not None and self.stream_minibatch_config is not None:
             raise ConfigError(
                 "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"

@@ -43,11 +43,11 @@ from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics
+from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics, rollout_error_metrics
 from .training_step import StepRunner, TrainedStep
-from .types import EnvGroupBuilder, Metrics, RLDataset
+from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
-from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, WorkItem
+from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
 
 EVAL_QUEUE_SIZE = 4
 """Due evaluations that may wait while the evaluator is busy before the trainer waits too."""
@@ -383,7 +383,31 @@ async def rollout_worker(
 
 
 async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: LatestWeights) -> Delivery:
-    """Make the envs, wait for fresh-enough weights, roll out the group, build its data."""
+    """Roll out one item; a group that fails under a tolerant strategy becomes a :class:`SkippedGroup`.
+
+    Under ``FailFast`` (which catches nothing) the failure propagates and ends
+    the run. Building the training data is not part of the rollout: its
+    errors always propagate.
+    """
+    try:
+        rolled = await _roll_out(item, settings, weights)
+    except Exception as failure:
+        if not settings.error_strategy.catches_group_errors:
+            raise
+        return SkippedGroup(item, failure, list(getattr(failure, "errors", [])))
+    if isinstance(rolled, AbandonedGroup):
+        return rolled
+    version, group = rolled
+    # Advantages are centred within the group, so its data can be built here,
+    # while other groups are still sampling, instead of on the trainer's path.
+    data = assemble_training_data([group], settings.loss_fn)
+    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
+
+
+async def _roll_out(
+    item: WorkItem, settings: RolloutSettings, weights: LatestWeights
+) -> tuple[int, TrajectoryGroup] | AbandonedGroup:
+    """Make the envs, wait for fresh-enough weights, roll out the group."""
     # Envs are made before waiting for weights, so the group is ready to sample
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
@@ -402,10 +426,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
     if stale.cancelled_caught:
         return AbandonedGroup(item, version)
-    # Advantages are centred within the group, so its data can be built here,
-    # while other groups are still sampling, instead of on the trainer's path.
-    data = assemble_training_data([group], settings.loss_fn)
-    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
+    return version, group
 
 
 # ---------------------------------------------------------------- trainer
@@ -512,6 +533,8 @@ class Trainer:
             dropped_stale=self._planner.dropped_stale,
             in_flight_max=max(c.in_flight_max, len(self._ledger.outstanding)),
             empty_batches=self._ledger.empty_batches,
+            groups_skipped=self._planner.groups_skipped,
+            error_types=c.with_errors_of(done.taken),
         )
         metrics = {**done.summary, **result_metrics(done.results), **count_metrics(self.counts)}
         metrics["time/train"] = done.train_seconds
@@ -526,6 +549,7 @@ class Trainer:
             requeued=self._planner.requeued,
             dropped_stale=self._planner.dropped_stale,
             empty_batches=self._ledger.empty_batches,
+            groups_skipped=self._planner.groups_skipped,
         )
         cancelled = len(self._ledger.outstanding)
         # The final weights get a record of their own: where the data went.
@@ -540,6 +564,8 @@ class Trainer:
                 "run/cancelled_groups": cancelled,
                 "run/filtered_constant": counts.filtered_groups,
                 "run/empty_batches": counts.empty_batches,
+                "run/groups_skipped": counts.groups_skipped,
+                **rollout_error_metrics(counts),
             },
         )
         await self._evals.request_if_due(self.step, final=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ class RunCounts:
         dropped_stale: groups dropped as too stale after the data ran out.
         in_flight_max: the most groups handed out and not yet consumed at any step's start.
         empty_batches: empty dataset batches skipped.
+        groups_skipped: groups that failed beyond their error tolerance.
+        error_types: failed rollout attempts of the groups that were kept, by
+            exception class name (as the cookbook's ``RolloutErrorCounter``, which
+            counts a skipped group only in ``groups_skipped``).
     """
 
     trained_groups: int = 0
@@ -32,21 +37,38 @@ class RunCounts:
     dropped_stale: int = 0
     in_flight_max: int = 0
     empty_batches: int = 0
+    groups_skipped: int = 0
+    error_types: tuple[tuple[str, int], ...] = ()
+
+    def with_errors_of(self, groups: Sequence[FinishedGroup]) -> tuple[tuple[str, int], ...]:
+        """``error_types`` after also counting the rollout errors of ``groups``."""
+        counts = Counter(dict(self.error_types))
+        counts.update(e.error_type for g in groups for e in g.group.rollout_errors)
+        return tuple(sorted(counts.items()))
 
 
 def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: int) -> Metrics:
-    """What the groups of step ``step`` say: rewards, tokens, staleness, rollout errors."""
+    """What the groups of step ``step`` say: rewards, tokens, staleness, rollout errors.
+
+    A step whose groups were all skipped has no groups: it reports only its counts.
+    """
     versions = [g.version for g in groups]
     metrics: Metrics = {
         "progress/groups": len(groups),
-        # Smaller than the run's batch size: the end of data, or a short dataset batch.
+        # Smaller than the run's batch size: the end of data, a short dataset batch, or skipped groups.
         "progress/partial_batch": int(len(groups) < groups_per_step),
-        "sampling_client/step_min": min(versions),
-        "sampling_client/step_max": max(versions),
-        "sampling_client/step_mean": sum(versions) / len(versions),
-        "sampling_client/staleness_max": step - min(versions),
         "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
     }
+    if not groups:
+        return metrics
+    metrics.update(
+        {
+            "sampling_client/step_min": min(versions),
+            "sampling_client/step_max": max(versions),
+            "sampling_client/step_mean": sum(versions) / len(versions),
+            "sampling_client/staleness_max": step - min(versions),
+        }
+    )
     metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
     return metrics
 
@@ -60,7 +82,21 @@ def count_metrics(counts: RunCounts) -> Metrics:
         "rollouts/in_flight_max": counts.in_flight_max,
         "data/groups_filtered_constant": counts.filtered_groups,
         "data/empty_batches": counts.empty_batches,
+        **rollout_error_metrics(counts),
     }
+
+
+def rollout_error_metrics(counts: RunCounts) -> Metrics:
+    """``rollout_errors/<ErrorType>``, ``/total`` and ``/groups_skipped``, cumulative; none until the first error.
+
+    The cookbook's ``RolloutErrorCounter.get_metrics``, key for key.
+    """
+    if not counts.error_types and not counts.groups_skipped:
+        return {}
+    metrics: Metrics = {f"rollout_errors/{name}": float(n) for name, n in counts.error_types}
+    metrics["rollout_errors/total"] = float(sum(n for _, n in counts.error_types))
+    metrics["rollout_errors/groups_skipped"] = float(counts.groups_skipped)
+    return metrics
 
 
 def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:

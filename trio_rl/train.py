@@ -95,15 +95,6 @@ def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupB
     """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
-    if config.error_strategy.max_retries > 0 and first_batch:
-        builder_type = type(first_batch[0])
-        make_env = getattr(builder_type, "make_env", None)
-        if make_env is None or make_env is EnvGroupBuilder.make_env:
-            raise ConfigError(
-                "error_strategy",
-                f"{type(config.error_strategy).__name__} retries one env at a time, but "
-                f"{builder_type.__name__} does not implement make_env(index); implement it or use FailFast()",
-            )
     return first_batch
 
 
@@ -182,7 +173,7 @@ async def train(
                     seed=config.seed,
                     # Built once: validating a SamplingParams per rollout showed up in profiles.
                     sampling_params=config.sampling_params(),
-                    error_strategy=config.error_strategy,
+                    error_strategy=config.rollout_strategy(),
                     loss_fn=config.loss_fn,
                     staleness_limit=schedule.staleness_limit,
                     abandon_stale=schedule.abandons_stale_rollouts,

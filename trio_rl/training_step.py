@@ -24,6 +24,8 @@ class TrainedStep:
     Attributes:
         step: the step's index (its weights become version ``step + 1``).
         taken: every group the step consumed.
+        skipped: the step's groups that failed beyond their error tolerance
+            (already retired by the planner; counted here for the record).
         trained: the groups whose data reached ``forward_backward`` (``taken``
             less those removed by the constant-reward filter).
         results: the backend's answers, in submission order.
@@ -33,6 +35,7 @@ class TrainedStep:
 
     step: int
     taken: list[FinishedGroup] = field(default_factory=list)
+    skipped: int = 0
     trained: list[FinishedGroup] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
     summary: Metrics = field(default_factory=dict)
@@ -75,16 +78,17 @@ class StepRunner:
     ) -> TrainedStep | None:
         """Train ``plan`` as step ``step``; None if the plan held no group (the data has ended).
 
-        A step whose groups were all filtered out trains nothing and saves no new
+        A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
         sampler: its weights version is published with the unchanged weights.
         """
         current = self._current = TrainedStep(step)
         while (minibatch := await plan.next_minibatch()) is not None:
             current.taken.extend(minibatch.groups)
             await self._submit(current, minibatch.groups, optim=minibatch.optim_step)
-        if not current.taken:
+        if not current.taken and not plan.skipped:
             self._current = None
             return None
+        current.skipped = plan.skipped
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tinker import types as tinker_types
 
-from .types import EnvGroupBuilder, TrajectoryGroup
+from .types import EnvGroupBuilder, RolloutError, TrajectoryGroup
 
 
 @dataclass(frozen=True, order=True)
@@ -60,7 +60,27 @@ class AbandonedGroup:
     version: int
 
 
-Delivery = FinishedGroup | AbandonedGroup
+@dataclass(frozen=True)
+class SkippedGroup:
+    """A group that failed beyond its error strategy's tolerance: skipped and counted, never trained.
+
+    The schedule's planner still counts it toward its step (a step waits for a
+    fixed number of groups), retires it from the ledger and frees its admission
+    slot at once, as for an :class:`AbandonedGroup`.
+
+    Attributes:
+        item: the work item.
+        error: why the group failed (a ``GroupFailedError``, or the exception
+            ``make_envs``/``compute_group_rewards`` raised).
+        errors: its failed rollout attempts.
+    """
+
+    item: WorkItem
+    error: Exception
+    errors: list[RolloutError] = field(default_factory=list)
+
+
+Delivery = FinishedGroup | AbandonedGroup | SkippedGroup
 """What a rollout worker sends the trainer."""
 
 
