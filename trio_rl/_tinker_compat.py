@@ -61,3 +61,12 @@ def model_input_from_ints(tokens: list[int]) -> tinker_types.ModelInput:
 def tensor(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> tinker_types.TensorData:
     """A 1-D ``TensorData`` of ``dtype`` (``"float32"`` or ``"int64"``)."""
     return tinker_types.TensorData(data=np.asarray(values, dtype=dtype), dtype=dtype)  # type: ignore[arg-type]
+
+
+def with_loss_fn_inputs(
+    datum: tinker_types.Datum, inputs: dict[str, tinker_types.TensorData]
+) -> tinker_types.Datum:
+    """``datum`` with other ``loss_fn_inputs`` (a dataclass in recent SDKs, a pydantic model in older ones)."""
+    if dataclasses.is_dataclass(datum):
+        return dataclasses.replace(datum, loss_fn_inputs=inputs)
+    return datum.model_copy(update={"loss_fn_inputs": inputs})  # type: ignore[attr-defined]

@@ -9,9 +9,15 @@ from typing import TypeVar
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .types import Trajectory, TrajectoryGroup
+from .types import TokensWithLogprobs, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
+
+PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
+"""A transition whose ``metrics`` set this to 1 (tinker-cookbook's key) trains nothing: its action tokens get mask 0."""
+
+MASK_KEY = "mask"
+"""The action mask every Datum carries, as in the cookbook; :func:`without_mask` drops it before submission."""
 
 def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     """Group-centred advantages: each trajectory's total reward minus its group's mean."""
@@ -49,9 +55,20 @@ class _Sequence:
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
 
+    def extend_action(self, action: TokensWithLogprobs, advantage: float, masked: bool, turn: int) -> None:
+        if action.maybe_logprobs is None:
+            # Zeros would silently turn every importance ratio into exp(logprob):
+            # the cookbook raises, and so do we.
+            raise ValueError(f"turn {turn}: the sampler returned no logprobs for the action; RL data needs them")
+        if len(action.maybe_logprobs) != len(action.tokens):
+            raise ValueError(
+                f"turn {turn}: {len(action.tokens)} action tokens but {len(action.maybe_logprobs)} logprobs"
+            )
+        self.extend(action.tokens, action.maybe_logprobs, 0.0 if masked else advantage, trained=not masked)
+
     def to_datum(self, loss_fn: str) -> tinker_types.Datum:
         # The model reads tokens[:-1] and is scored on predicting tokens[1:].
-        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64")}
+        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64"), MASK_KEY: compat.tensor(self.mask[1:], "float32")}
         if loss_fn == "cross_entropy":
             inputs["weights"] = compat.tensor(self.mask[1:], "float32")
         else:
@@ -66,7 +83,12 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
     Turns whose observation extends the sequence so far (the usual multi-turn chat
     case) are merged into one Datum; an observation that does not extend it starts
     a new Datum. Observation tokens carry zero advantage and zero logprob; action
-    tokens carry the trajectory's advantage and the sampler's logprobs.
+    tokens carry the trajectory's advantage and the sampler's logprobs, except
+    in turns whose metrics set ``parse_error_masked`` (mask and advantage 0).
+    Every Datum also carries the action ``mask`` (see :func:`without_mask`).
+
+    Raises:
+        ValueError: an action was sampled without logprobs (they are never replaced by zeros).
 
     Args:
         trajectory: the episode.
@@ -79,7 +101,7 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
     """
     data: list[tinker_types.Datum] = []
     current = _Sequence()
-    for transition in trajectory.transitions:
+    for turn, transition in enumerate(trajectory.transitions):
         ob_tokens = transition.ob.to_ints()
         if ob_tokens[: len(current.tokens)] == current.tokens:
             current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
@@ -88,8 +110,8 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
                 data.append(current.to_datum(loss_fn))
             current = _Sequence()
             current.extend(ob_tokens, None, 0.0, trained=False)
-        action = transition.ac
-        current.extend(action.tokens, action.maybe_logprobs, advantage, trained=True)
+        masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
+        current.extend_action(transition.ac, advantage, masked, turn)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
@@ -109,6 +131,14 @@ def assemble_training_data(
         for trajectory, advantage in zip(group.trajectories_G, advantages):
             data.extend(trajectory_to_data(trajectory, advantage, loss_fn))
     return data
+
+
+def without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
+    """``datum`` without its ``mask`` input, as it is submitted (the cookbook's ``_remove_mask``)."""
+    if MASK_KEY not in datum.loss_fn_inputs:
+        return datum
+    inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k != MASK_KEY}
+    return compat.with_loss_fn_inputs(datum, inputs)
 
 
 def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:

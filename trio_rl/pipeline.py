@@ -43,7 +43,14 @@ from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics, rollout_error_metrics
+from .step_metrics import (
+    RunCounts,
+    count_metrics,
+    group_metrics,
+    result_metrics,
+    rollout_error_metrics,
+    sample_train_kl,
+)
 from .training_step import StepRunner, TrainedStep
 from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
@@ -536,7 +543,13 @@ class Trainer:
             groups_skipped=self._planner.groups_skipped,
             error_types=c.with_errors_of(done.taken),
         )
-        metrics = {**done.summary, **result_metrics(done.results), **count_metrics(self.counts)}
+        outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
+        metrics = {
+            **done.summary,
+            **result_metrics(done.results),
+            **sample_train_kl(done.submitted, outputs),
+            **count_metrics(self.counts),
+        }
         metrics["time/train"] = done.train_seconds
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1

@@ -7,7 +7,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tinker import types as tinker_types
+
+from .data import MASK_KEY
 
 from .metrics import trajectory_metrics
 from .types import Metrics
@@ -106,6 +109,39 @@ def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:
     return sum(
         float(out["elementwise_loss"].to_numpy().sum()) for out in output.loss_fn_outputs if "elementwise_loss" in out
     )
+
+
+def sample_train_kl(
+    submitted: Sequence[Sequence[tinker_types.Datum]], outputs: Sequence[tinker_types.ForwardBackwardOutput]
+) -> Metrics:
+    """The cookbook's ``compute_kl_sample_train``: sampler against learner logprobs on the action tokens.
+
+    ``optim/kl_sample_train_v1`` is the mean of ``sampling - training`` logprobs,
+    ``_v2`` half the mean of its square, ``optim/entropy`` minus the mean
+    sampling logprob. Empty when the backend returned no logprobs (or no action
+    token was trained).
+    """
+    diffs: list[np.ndarray] = []
+    sampled: list[np.ndarray] = []
+    for data, output in zip(submitted, outputs):
+        if len(output.loss_fn_outputs) != len(data):
+            return {}
+        for datum, out in zip(data, output.loss_fn_outputs):
+            if "logprobs" not in out or MASK_KEY not in datum.loss_fn_inputs or "logprobs" not in datum.loss_fn_inputs:
+                return {}
+            mask = datum.loss_fn_inputs[MASK_KEY].to_numpy() > 0
+            sampling = datum.loss_fn_inputs["logprobs"].to_numpy()[mask]
+            training = out["logprobs"].to_numpy()[: len(mask)][mask]
+            diffs.append(sampling - training)
+            sampled.append(sampling)
+    flat = np.concatenate(diffs) if diffs else np.zeros(0)
+    if flat.size == 0:
+        return {}
+    return {
+        "optim/kl_sample_train_v1": float(flat.mean()),
+        "optim/kl_sample_train_v2": float(0.5 * (flat**2).mean()),
+        "optim/entropy": float(-np.concatenate(sampled).mean()),
+    }
 
 
 def result_metrics(results: Sequence[Any]) -> Metrics:

@@ -10,7 +10,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from .backends.protocol import PendingResult, TrainingClient
-from .data import is_constant_reward
+from .data import is_constant_reward, without_mask
 from .schedule import StepPlan
 from .types import Metrics
 from .weights import LatestWeights
@@ -29,6 +29,9 @@ class TrainedStep:
         trained: the groups whose data reached ``forward_backward`` (``taken``
             less those removed by the constant-reward filter).
         results: the backend's answers, in submission order.
+        submitted: the data of each ``forward_backward``, in submission order
+            (with their action masks), to compare the sampler's logprobs with
+            the learner's.
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
@@ -38,6 +41,7 @@ class TrainedStep:
     skipped: int = 0
     trained: list[FinishedGroup] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
+    submitted: list[list[tinker_types.Datum]] = field(default_factory=list)
     summary: Metrics = field(default_factory=dict)
     train_seconds: float = 0.0
     _pending: list[PendingResult[Any]] = field(default_factory=list)
@@ -116,8 +120,11 @@ class StepRunner:
         data = [datum for group in kept for datum in group.data]
         if data:
             current._pending.append(
-                await self._client.forward_backward(data, self._loss_fn, self._loss_fn_config)  # type: ignore[arg-type]
+                await self._client.forward_backward(
+                    [without_mask(d) for d in data], self._loss_fn, self._loss_fn_config  # type: ignore[arg-type]
+                )
             )
+            current.submitted.append(data)
             current.trained.extend(kept)
             current._grads_pending = True
         # An optimizer step without gradients would still move Adam's weights by
