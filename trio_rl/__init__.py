@@ -9,6 +9,7 @@ fakes for tests in :mod:`trio_rl.testing`.
 from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
+from .kl import KLReferenceConfig
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
 from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
@@ -55,6 +56,7 @@ __all__ = [
     "EvaluationTimeoutError",
     "FailFast",
     "GroupFailedError",
+    "KLReferenceConfig",
     "Metrics",
     "MinViableGroup",
     "Observation",

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from tinker import types as tinker_types
 
 from .errors import ConfigError
+from .kl import KLReferenceConfig
 from .rollouts import ErrorStrategy, rollout_strategy_from_config
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
@@ -94,7 +95,11 @@ class Config:
         max_steps: stop once this many training steps are done, counting those before a
             resume (None: when the data runs out).
         remove_constant_reward_groups: drop groups whose rewards are all equal.
-        kl_penalty_coef: reserved; a nonzero value is rejected until a reference model is supported.
+        kl_penalty_coef: the KL penalty against ``kl_reference_config``'s model, added to the
+            advantages as tinker-cookbook does (0: none).
+        kl_discount_factor: with a KL penalty, sum each token's penalty over the future
+            with this discount (0: no discounting).
+        kl_reference_config: the reference model; required when ``kl_penalty_coef > 0``.
         seed: seed from which every rollout's randomness derives.
         num_workers: concurrent rollout workers (None: enough for every group in flight).
         rollout_error_tolerance: what a failed rollout does to its group, as in
@@ -134,6 +139,8 @@ class Config:
     max_steps: int | None = None
     remove_constant_reward_groups: bool = False
     kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    kl_reference_config: KLReferenceConfig | None = None
     seed: int = 0
     num_workers: int | None = None
     rollout_error_tolerance: bool | ErrorStrategy = False
@@ -230,10 +237,15 @@ class Config:
             _non_negative("max_steps", self.max_steps, "None trains until the data runs out")
         if self.num_workers is not None:
             _positive("num_workers", self.num_workers, "at least 1, or None for the default")
-        if self.kl_penalty_coef != 0.0:
+        _non_negative("kl_penalty_coef", self.kl_penalty_coef, "0 disables the KL penalty")
+        _non_negative("kl_discount_factor", self.kl_discount_factor, "0 disables discounting")
+        if self.kl_penalty_coef > 0 and self.kl_reference_config is None:
             raise ConfigError(
-                "kl_penalty_coef", "a KL penalty needs a reference model, which trio_rl does not support yet; set it to 0"
+                "kl_reference_config",
+                "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
             )
+        if self.kl_penalty_coef > 0 and self.loss_fn == "cross_entropy":
+            raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
         try:
             self.rollout_strategy()
         except TypeError as error:

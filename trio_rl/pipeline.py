@@ -39,6 +39,7 @@ from .data import assemble_training_data
 from .determinism import derive_seed, settle
 from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
+from .kl import reference_logprob_diffs
 from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
@@ -70,6 +71,8 @@ class RolloutSettings:
     loss_fn: str
     staleness_limit: int
     abandon_stale: bool
+    reference: SamplingClient | None = None
+    """The KL penalty's reference model, when there is one."""
 
 
 @dataclass(frozen=True)
@@ -408,7 +411,9 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     # Advantages are centred within the group, so its data can be built here,
     # while other groups are still sampling, instead of on the trainer's path.
     data = assemble_training_data([group], settings.loss_fn)
-    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
+    # Scored here, beside the other groups' sampling, so the trainer only adds.
+    diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
+    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data, diffs)
 
 
 async def _roll_out(
@@ -550,6 +555,8 @@ class Trainer:
             **sample_train_kl(done.submitted, outputs),
             **count_metrics(self.counts),
         }
+        if done.kl_tokens:
+            metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
         metrics["time/train"] = done.train_seconds
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1

@@ -160,6 +160,12 @@ async def train(
                 start_step = 0
                 ledger_start = (ItemKey(0, 0), [])
             (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
+            reference = None
+            if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
+                ref = config.kl_reference_config
+                reference = await backend.create_sampling_client(
+                    base_model=ref.base_model, model_path=ref.load_checkpoint_path
+                )
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
             metrics_log = MetricsLog(log_path / METRICS_FILE)
@@ -177,6 +183,7 @@ async def train(
                     loss_fn=config.loss_fn,
                     staleness_limit=schedule.staleness_limit,
                     abandon_stale=schedule.abandons_stale_rollouts,
+                    reference=reference,
                 ),
                 trainer=TrainerSettings(
                     start_step=start_step,
@@ -193,6 +200,8 @@ async def train(
                     loss_fn_config=config.loss_fn_config,
                     adam_params=config.adam_params(),
                     remove_constant_reward_groups=config.remove_constant_reward_groups,
+                    kl_penalty_coef=config.kl_penalty_coef,
+                    kl_discount_factor=config.kl_discount_factor,
                 ),
                 training_client=training_client,
                 weights=weights,

@@ -11,6 +11,7 @@ from tinker import types as tinker_types
 
 from .backends.protocol import PendingResult, TrainingClient
 from .data import is_constant_reward, without_mask
+from .kl import incorporate_kl_penalty
 from .schedule import StepPlan
 from .types import Metrics
 from .weights import LatestWeights
@@ -32,6 +33,8 @@ class TrainedStep:
         submitted: the data of each ``forward_backward``, in submission order
             (with their action masks), to compare the sampler's logprobs with
             the learner's.
+        kl_diff_sum, kl_tokens: with a KL penalty, the sum of ``sampled -
+            reference`` logprobs over the trained action tokens, and their count.
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
@@ -42,6 +45,8 @@ class TrainedStep:
     trained: list[FinishedGroup] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
     submitted: list[list[tinker_types.Datum]] = field(default_factory=list)
+    kl_diff_sum: float = 0.0
+    kl_tokens: float = 0.0
     summary: Metrics = field(default_factory=dict)
     train_seconds: float = 0.0
     _pending: list[PendingResult[Any]] = field(default_factory=list)
@@ -68,6 +73,8 @@ class StepRunner:
         loss_fn_config: dict[str, float] | None,
         adam_params: tinker_types.AdamParams,
         remove_constant_reward_groups: bool,
+        kl_penalty_coef: float = 0.0,
+        kl_discount_factor: float = 0.0,
     ) -> None:
         self._client = client
         self._weights = weights
@@ -75,6 +82,7 @@ class StepRunner:
         self._loss_fn_config = loss_fn_config
         self._adam_params = adam_params
         self._filter = remove_constant_reward_groups
+        self._kl = (kl_penalty_coef, kl_discount_factor)
         self._current: TrainedStep | None = None
 
     async def run(
@@ -118,6 +126,13 @@ class StepRunner:
     async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
         kept = [g for g in groups if not (self._filter and is_constant_reward(g.group))]
         data = [datum for group in kept for datum in group.data]
+        if data and self._kl[0] > 0:
+            diffs = [diff for group in kept for diff in group.reference_diffs or []]
+            # One forward_backward's data is the cookbook's batch for the average.
+            penalty = incorporate_kl_penalty(data, diffs, *self._kl)
+            data = penalty.data
+            current.kl_diff_sum += penalty.diff_sum
+            current.kl_tokens += penalty.tokens
         if data:
             current._pending.append(
                 await self._client.forward_backward(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tinker import types as tinker_types
 
@@ -50,6 +51,8 @@ class FinishedGroup:
     tags: list[str]
     data: list[tinker_types.Datum]
     """The group's training data, assembled by the worker as soon as the group is done."""
+    reference_diffs: list[Any] | None = None
+    """With a KL penalty: per Datum, ``(sampled - reference) * mask`` logprobs (numpy arrays)."""
 
 
 @dataclass(frozen=True)

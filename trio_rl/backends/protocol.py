@@ -137,3 +137,10 @@ class Backend(Protocol):
     ) -> TrainingClient:
         """Create a training client from a path returned by ``save_state``, to resume."""
         ...
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
+        """A sampling client for ``base_model``'s own weights, or for the weights saved at ``model_path``.
+
+        The KL penalty's reference model (``Config.kl_reference_config``) comes from here.
+        """
+        ...

@@ -13,6 +13,7 @@ import trio
 from trio_rl.backends.local.checkpoint import load_checkpoint
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
 from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
 
@@ -70,6 +71,7 @@ class LocalBackend:
         self._num_threads = num_threads
         self._saved_threads: int | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._base_seeds: dict[str, int] = {}
 
     @property
     def tokenizer(self) -> CharTokenizer:
@@ -151,7 +153,38 @@ class LocalBackend:
         model = await trio.to_thread.run_sync(
             lambda: TransformerLM(config, vocab, seed=init_seed), limiter=self._runtime.limiter
         )
+        # "The base model" of this label is the initial weights it was first made with.
+        self._base_seeds.setdefault(base_model, seed)
         return LocalTrainingClient(self._runtime, model, self._tokenizer)
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> LocalSamplingClient:
+        """A sampling client for the initial weights of ``base_model``, or for the weights at ``model_path``.
+
+        A local "base model" is the freshly initialised model that
+        :meth:`create_training_client` first made under that label (same seed,
+        same weights), so a KL penalty pulls the policy back towards where it started.
+
+        Raises:
+            ValueError: no training client was created for ``base_model`` and no ``model_path`` given.
+            FileNotFoundError: ``model_path`` is not a checkpoint folder.
+        """
+        self._runtime.require_entered()
+        if model_path is None and base_model not in self._base_seeds:
+            raise ValueError(
+                f"LocalBackend has no initial weights for {base_model!r}: create a training client for it "
+                "first, or give model_path (a save_state or sampler folder)"
+            )
+
+        def build() -> LocalSamplingClient:
+            if model_path is not None:
+                ckpt = load_checkpoint(Path(model_path), with_optimizer=False)
+                model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
+                model.load_state_dict(ckpt.weights)
+                return LocalSamplingClient(SamplingEngine(model, ckpt.tokenizer, self._runtime), model_path)
+            model = TransformerLM(self._model_config, self._tokenizer.vocab_size, seed=self._base_seeds[base_model])
+            return LocalSamplingClient(SamplingEngine(model, self._tokenizer, self._runtime), None)
+
+        return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
     async def create_training_client_from_state(
         self, path: str, *, with_optimizer: bool = True
