@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tinker import types as tinker_types
 
@@ -14,7 +14,9 @@ from .kl import KLReferenceConfig
 from .rollouts import ErrorStrategy, rollout_strategy_from_config
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
-LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
+LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnType) if name != "custom")
+"""Every loss the installed tinker SDK's ``LossFnType`` admits, except ``custom`` (a client-side
+loss, which needs ``forward_backward_custom``); whether a backend trains it is its own check."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from .backends.protocol import Backend
+from .backends.protocol import Backend, check_loss_before_work
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
 from .errors import ConfigError
@@ -91,10 +91,14 @@ def _drop_records_from(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
-    """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
+def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
+    """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
     first_batch = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
+    try:
+        check_loss_before_work(backend, config.loss_fn, config.loss_fn_config)
+    except ValueError as error:
+        raise ConfigError("loss_fn", str(error)) from None
     return first_batch
 
 
@@ -131,7 +135,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    first_batch = _check_before_work(config, dataset)
+    first_batch = _check_before_work(config, dataset, backend)
     schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
     log_path.mkdir(parents=True, exist_ok=True)

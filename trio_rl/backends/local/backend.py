@@ -11,6 +11,7 @@ import torch
 import trio
 
 from trio_rl.backends.local.checkpoint import load_checkpoint
+from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
@@ -156,6 +157,17 @@ class LocalBackend:
         # "The base model" of this label is the initial weights it was first made with.
         self._base_seeds.setdefault(base_model, seed)
         return LocalTrainingClient(self._runtime, model, self._tokenizer)
+
+    supported_losses: frozenset[str] = frozenset(LOSS_FUNCTIONS)
+    """The losses LocalBackend implements (see :mod:`trio_rl.backends.local.losses`)."""
+
+    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+        """Reject, before any work, a loss this backend does not implement or a config it does not read.
+
+        Raises:
+            ValueError: naming the loss and the fix.
+        """
+        check_loss_fn(loss_fn, loss_fn_config)
 
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> LocalSamplingClient:
         """A sampling client for the initial weights of ``base_model``, or for the weights at ``model_path``.
