@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .backends.protocol import TrainingClient
 from .ledger import DataLedger
+from .weights import LatestWeights
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 
@@ -16,10 +17,19 @@ CHECKPOINTS_FILE = "checkpoints.jsonl"
 class CheckpointRecord:
     """One saved training state, as a line of ``checkpoints.jsonl``.
 
+    The first six fields are tinker-cookbook's, with its meanings, so that its
+    ``checkpoint_utils.get_last_checkpoint`` and sampling tools read a trio_rl
+    run; the rest are trio_rl's own.
+
     Attributes:
-        name: the name the state was saved under.
-        step: training steps completed when it was saved (the weights version).
+        name: ``%06d`` of the step, or ``"final"`` for the run's last state (the name it was saved under).
+        batch: training steps completed (the cookbook's batch to resume from).
         state_path: where ``save_state`` put weights and optimizer state.
+        sampler_path: where the sampler weights of this step were saved, if they were saved by name.
+        cumulative_tokens: tokens counted so far, by kind (sampled, prefill_cached,
+            prefill_uncached, trained), discarded ones included.
+        discarded_tokens: the part of those spent on groups removed by the constant-reward filter.
+        step: the same as ``batch`` (the weights version).
         cursor: the next ``(batch, group)`` of the dataset not yet handed out.
         outstanding: ``(batch, group)`` items handed out but neither trained nor
             dropped when the state was saved; a resumed run samples them first.
@@ -28,12 +38,20 @@ class CheckpointRecord:
     """
 
     name: str
-    step: int
+    batch: int
     state_path: str
-    cursor: tuple[int, int]
+    sampler_path: str | None = None
+    cumulative_tokens: dict[str, int] = field(default_factory=dict)
+    discarded_tokens: dict[str, int] = field(default_factory=dict)
+    step: int = -1
+    cursor: tuple[int, int] = (0, 0)
     outstanding: list[tuple[int, int]] = field(default_factory=list)
     final: bool = False
     reason: str = "periodic"
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            object.__setattr__(self, "step", self.batch)
 
 
 class CheckpointLog:
@@ -60,10 +78,17 @@ class CheckpointLog:
 
 
 def _parse(line: str) -> CheckpointRecord:
+    """A trio_rl row, or a cookbook row (no ``cursor``: step ``batch`` resumes at dataset batch ``batch``)."""
     raw = json.loads(line)
-    raw["cursor"] = tuple(raw["cursor"])
-    raw["outstanding"] = [tuple(item) for item in raw["outstanding"]]
-    return CheckpointRecord(**raw)
+    known = {f.name for f in fields(CheckpointRecord)}
+    batch = raw.get("batch", raw.get("step"))
+    if batch is None:
+        raise ValueError(f"{CHECKPOINTS_FILE}: a row without 'batch' or 'step': {line.strip()}")
+    raw["batch"] = batch
+    raw["cursor"] = tuple(raw.get("cursor", (batch, 0)))
+    raw["outstanding"] = [tuple(item) for item in raw.get("outstanding", [])]
+    raw["final"] = bool(raw.get("final", False))
+    return CheckpointRecord(**{k: v for k, v in raw.items() if k in known})
 
 
 class CheckpointKeeper:
@@ -73,19 +98,23 @@ class CheckpointKeeper:
         log: the run's checkpoint log.
         client: the training client whose state is saved.
         ledger: the run's data ledger, read at each save.
+        weights: the published weights, whose sampler path each row records.
     """
 
-    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger) -> None:
+    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, weights: LatestWeights) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
+        self._weights = weights
         self._last: tuple[int, str] | None = None
         self.final: CheckpointRecord | None = None
         """The final checkpoint, once written."""
 
-    async def save(self, step: int, *, final: bool, reason: str) -> CheckpointRecord:
-        """Save the state after ``step`` steps and record it."""
-        name = f"step_{step:06d}"
+    async def save(
+        self, step: int, *, final: bool, reason: str, tokens: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    ) -> CheckpointRecord:
+        """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``."""
+        name = "final" if final else f"{step:06d}"
         # The weights of a step saved periodically are still the final ones:
         # record that state again as final rather than save it twice.
         if self._last is not None and self._last[0] == step:
@@ -95,10 +124,15 @@ class CheckpointKeeper:
             self._last = (step, path)
         ledger = self._ledger
         ledger.read_notes()
+        version, sampler = self._weights.latest()
         record = CheckpointRecord(
             name=name,
-            step=step,
+            batch=step,
             state_path=path,
+            sampler_path=sampler.model_path if version == step else None,
+            cumulative_tokens=tokens[0],
+            discarded_tokens=tokens[1],
+            step=step,
             cursor=(ledger.cursor.batch, ledger.cursor.group),
             outstanding=[(k.batch, k.group) for k in ledger.outstanding],
             final=final,

@@ -317,7 +317,7 @@ class ProgressBar:
         ]
         parts += [f"{_short(k)} {v:.3f}" for k, v in self.last_eval.items()]
         parts += [
-            f"stale<={record.get('sampling_client/staleness_max', 0)}",
+            f"stale<={record.get('async/staleness_max', 0)}",
             f"{record.get('progress/trained_groups', 0) / elapsed:.1f} groups/s",
             f"{self.tokens / elapsed / 1000:.1f}k tok/s",
             _clock(elapsed),

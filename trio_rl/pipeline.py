@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import trio
@@ -44,14 +44,7 @@ from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import (
-    RunCounts,
-    count_metrics,
-    group_metrics,
-    result_metrics,
-    rollout_error_metrics,
-    sample_train_kl,
-)
+from .step_metrics import RunCounts, TokenCounts, group_metrics, rollout_error_metrics, step_tokens, trained_step_metrics
 from .training_step import StepRunner, TrainedStep
 from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
@@ -85,6 +78,10 @@ class TrainerSettings:
     save_every: int
     save_on_cancel: bool
     cancel_save_timeout: float
+    planned_steps: int | None = None
+    """The steps the run expects in all (for ``progress/done_frac``), when known."""
+    start_tokens: tuple[TokenCounts, TokenCounts] = (TokenCounts(), TokenCounts())
+    """Cumulative and discarded tokens before this run (from the checkpoint resumed)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,7 @@ async def run_pipeline(
             planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
             runner=runner,
             ledger=ledger,
-            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger),
+            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger, weights),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
             metrics=metrics,
@@ -490,7 +487,7 @@ class Trainer:
         self._metrics = metrics
         self._stop_rollouts = stop_rollouts
         self.step = settings.start_step
-        self.counts = RunCounts()
+        self.counts = RunCounts(cumulative_tokens=settings.start_tokens[0], discarded_tokens=settings.start_tokens[1])
         self._started = time.perf_counter()
 
     async def run(self) -> TrainerOutcome:
@@ -509,7 +506,7 @@ class Trainer:
                     interrupted = await self._runner.finish_interrupted(self._summarize)
                     if interrupted is not None:
                         self._record(interrupted)
-                    await self._checkpoints.save(self.step, final=True, reason="cancelled")
+                    await self._checkpoints.save(self.step, final=True, reason="cancelled", tokens=self._tokens())
             raise
 
     async def _train_steps(self) -> bool:
@@ -528,9 +525,12 @@ class Trainer:
             self._gate.consume(len(done.taken))
             every = self._settings.save_every
             if every and self.step % every == 0:
-                await self._checkpoints.save(self.step, final=False, reason="periodic")
+                await self._checkpoints.save(self.step, final=False, reason="periodic", tokens=self._tokens())
             await self._evals.request_if_due(self.step)
         return True
+
+    def _tokens(self) -> tuple[dict[str, int], dict[str, int]]:
+        return asdict(self.counts.cumulative_tokens), asdict(self.counts.discarded_tokens)
 
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
@@ -538,6 +538,8 @@ class Trainer:
     def _record(self, done: TrainedStep) -> None:
         self._ledger.retire(g.item.key for g in done.taken)
         c = self.counts
+        trained_ids = {id(g) for g in done.trained}
+        tokens, discarded = step_tokens(done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted)
         self.counts = RunCounts(
             trained_groups=c.trained_groups + len(done.trained),
             filtered_groups=c.filtered_groups + len(done.taken) - len(done.trained),
@@ -547,17 +549,10 @@ class Trainer:
             empty_batches=self._ledger.empty_batches,
             groups_skipped=self._planner.groups_skipped,
             error_types=c.with_errors_of(done.taken),
+            cumulative_tokens=c.cumulative_tokens + tokens + discarded,
+            discarded_tokens=c.discarded_tokens + discarded,
         )
-        outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
-        metrics = {
-            **done.summary,
-            **result_metrics(done.results),
-            **sample_train_kl(done.submitted, outputs),
-            **count_metrics(self.counts),
-        }
-        if done.kl_tokens:
-            metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
-        metrics["time/train"] = done.train_seconds
+        metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1
         self._metrics.write(done.step, metrics)
@@ -590,7 +585,7 @@ class Trainer:
         )
         await self._evals.request_if_due(self.step, final=True)
         self._evals.close()
-        checkpoint = await self._checkpoints.save(self.step, final=True, reason="final")
+        checkpoint = await self._checkpoints.save(self.step, final=True, reason="final", tokens=self._tokens())
         return TrainerOutcome(self.step, stopped, counts, cancelled, checkpoint)
 
 

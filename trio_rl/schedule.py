@@ -23,6 +23,7 @@ Nothing else in trio_rl asks which mode a run is in.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -207,6 +208,14 @@ class Schedule(ABC):
     def planner(self, run: PlannerInputs) -> StepPlanner:
         """A fresh planner for one run's trainer."""
 
+    def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
+        """How many steps a run over the whole dataset expects (for ``progress/done_frac``).
+
+        Off-policy steps take ``groups_per_step`` groups each, estimated from
+        the first batch's size.
+        """
+        return math.ceil(num_batches * first_batch_size / self.groups_per_step)
+
     def _async_bound(self, order: int) -> int:
         # At most B * (K + 1) groups handed out and not yet consumed: every one
         # of them can still be trained within K steps of the weights it starts on.
@@ -220,6 +229,10 @@ class Sync(Schedule):
     been trained, so its envs are made while the previous step collects and
     trains. An empty dataset batch has no step.
     """
+
+    def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
+        """One step per dataset batch."""
+        return num_batches
 
     def admit(self, position: Position, start_step: int) -> Admission:
         step = start_step + position.batch_number

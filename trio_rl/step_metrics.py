@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, astuple, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tinker import types as tinker_types
@@ -15,6 +15,9 @@ from .data import MASK_KEY
 from .metrics import trajectory_metrics
 from .types import Metrics
 from .work import FinishedGroup
+
+if TYPE_CHECKING:
+    from .training_step import TrainedStep
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class RunCounts:
         error_types: failed rollout attempts of the groups that were kept, by
             exception class name (as the cookbook's ``RolloutErrorCounter``, which
             counts a skipped group only in ``groups_skipped``).
+        cumulative_tokens: every token counted so far (discarded ones included),
+            carried across a resume by the checkpoint rows.
+        discarded_tokens: tokens of groups removed by the constant-reward filter.
     """
 
     trained_groups: int = 0
@@ -42,6 +48,8 @@ class RunCounts:
     empty_batches: int = 0
     groups_skipped: int = 0
     error_types: tuple[tuple[str, int], ...] = ()
+    cumulative_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
+    discarded_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
 
     def with_errors_of(self, groups: Sequence[FinishedGroup]) -> tuple[tuple[str, int], ...]:
         """``error_types`` after also counting the rollout errors of ``groups``."""
@@ -64,16 +72,71 @@ def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: i
     }
     if not groups:
         return metrics
+    staleness = [step - v for v in versions]
     metrics.update(
         {
             "sampling_client/step_min": min(versions),
             "sampling_client/step_max": max(versions),
             "sampling_client/step_mean": sum(versions) / len(versions),
-            "sampling_client/staleness_max": step - min(versions),
+            "async/staleness_min": min(staleness),
+            "async/staleness_max": max(staleness),
+            "async/staleness_mean": sum(staleness) / len(staleness),
         }
     )
     metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
     return metrics
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Tokens by the kinds the cookbook bills (its ``TokenUsage``).
+
+    Attributes:
+        sampled: tokens the sampler returned (action tokens).
+        prefill_cached: prompt tokens served from a prefix cache (no backend reports them: 0).
+        prefill_uncached: prompt tokens of sampling and reference-scoring requests.
+        trained: tokens of the Datums sent to ``forward_backward``.
+    """
+
+    sampled: int = 0
+    prefill_cached: int = 0
+    prefill_uncached: int = 0
+    trained: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def metrics(self, prefix: str) -> Metrics:
+        """``<prefix>/<kind>`` for each kind."""
+        return {f"{prefix}/{name}": value for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, int] | None) -> TokenCounts:
+        """From a checkpoint row's ``cumulative_tokens``/``discarded_tokens`` (None: zeros)."""
+        return cls(**{k: int(v) for k, v in (raw or {}).items() if k in cls.__dataclass_fields__})
+
+
+def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
+    """What sampling (and reference scoring) of ``groups`` used."""
+    sampled = prefill = 0
+    for g in groups:
+        for trajectory in g.group.trajectories_G:
+            for transition in trajectory.transitions:
+                sampled += len(transition.ac.tokens)
+                prefill += transition.ob.length
+        if g.reference_diffs is not None:
+            prefill += sum(d.model_input.length + 1 for d in g.data)
+    return TokenCounts(sampled=sampled, prefill_uncached=prefill)
+
+
+def step_tokens(
+    trained: Sequence[FinishedGroup], filtered: Sequence[FinishedGroup], submitted: Sequence[Sequence[tinker_types.Datum]]
+) -> tuple[TokenCounts, TokenCounts]:
+    """A step's tokens (its trained groups' rollouts and its submitted data) and the discarded ones
+    (rollouts of groups removed by the constant-reward filter), as the cookbook's ``CostTracker`` splits them."""
+    trained_tokens = sum(d.model_input.length for data in submitted for d in data)
+    step = rollout_tokens(trained) + TokenCounts(trained=trained_tokens)
+    return step, rollout_tokens(filtered)
 
 
 def count_metrics(counts: RunCounts) -> Metrics:
@@ -85,6 +148,8 @@ def count_metrics(counts: RunCounts) -> Metrics:
         "rollouts/in_flight_max": counts.in_flight_max,
         "data/groups_filtered_constant": counts.filtered_groups,
         "data/empty_batches": counts.empty_batches,
+        **counts.cumulative_tokens.metrics("tokens/cumulative"),
+        **counts.discarded_tokens.metrics("tokens/discarded"),
         **rollout_error_metrics(counts),
     }
 
@@ -154,4 +219,29 @@ def result_metrics(results: Sequence[Any]) -> Metrics:
         elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
             metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
     metrics["train/loss:sum"] = loss
+    return metrics
+
+
+def trained_step_metrics(done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None) -> Metrics:
+    """The record of one trained step, under tinker-cookbook's keys where it has one.
+
+    ``progress/batch`` and ``training_client/step`` are the step's index (the
+    cookbook's sync and async loops each write one of them), and
+    ``progress/done_frac`` is ``(step + 1) / planned_steps``.
+    """
+    outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
+    metrics: Metrics = {
+        **done.summary,
+        **result_metrics(done.results),
+        **sample_train_kl(done.submitted, outputs),
+        **count_metrics(counts),
+        **tokens.metrics("tokens"),
+        "progress/batch": done.step,
+        "training_client/step": done.step,
+        "time/train_step": done.train_seconds,
+    }
+    if planned_steps:
+        metrics["progress/done_frac"] = (done.step + 1) / planned_steps
+    if done.kl_tokens:
+        metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
     return metrics

@@ -17,6 +17,8 @@ from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
 from .metrics import MetricsLog, merge_by_step
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .schedule import Schedule
+from .step_metrics import TokenCounts
 from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
@@ -102,6 +104,11 @@ def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> 
     return first_batch
 
 
+def _planned_steps(config: Config, schedule: Schedule, num_batches: int, first_batch_size: int) -> int:
+    planned = schedule.planned_steps(num_batches, first_batch_size)
+    return planned if config.max_steps is None else min(planned, config.max_steps)
+
+
 async def train(
     config: Config,
     *,
@@ -150,6 +157,10 @@ async def train(
                     resume_from.state_path, with_optimizer=True
                 )
                 start_step = resume_from.step
+                start_tokens = (
+                    TokenCounts.from_json(resume_from.cumulative_tokens),
+                    TokenCounts.from_json(resume_from.discarded_tokens),
+                )
                 ledger_start = (ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
                 _drop_records_from(log_path / METRICS_FILE, start_step)
             else:
@@ -162,6 +173,7 @@ async def train(
                         base_model=config.base_model, lora_rank=config.lora_rank, seed=config.seed
                     )
                 start_step = 0
+                start_tokens = (TokenCounts(), TokenCounts())
                 ledger_start = (ItemKey(0, 0), [])
             (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
             reference = None
@@ -171,7 +183,7 @@ async def train(
                     base_model=ref.base_model, model_path=ref.load_checkpoint_path
                 )
             weights = LatestWeights()
-            weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
+            weights.publish(start_step, await training_client.save_weights_for_sampler(f"{start_step:06d}"))
             metrics_log = MetricsLog(log_path / METRICS_FILE)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
             outcome = await run_pipeline(
@@ -196,6 +208,8 @@ async def train(
                     save_every=config.save_every,
                     save_on_cancel=config.save_on_cancel,
                     cancel_save_timeout=config.cancel_save_timeout,
+                    planned_steps=_planned_steps(config, schedule, len(dataset), len(first_batch)),
+                    start_tokens=start_tokens,
                 ),
                 runner=StepRunner(
                     training_client,

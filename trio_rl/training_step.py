@@ -104,7 +104,7 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._client.save_weights_for_sampler(f"step_{step + 1:06d}")
+            sampler = await self._client.save_weights_for_sampler(f"{step + 1:06d}")
             self._weights.publish(step + 1, sampler)
         else:
             self._weights.advance(step + 1)

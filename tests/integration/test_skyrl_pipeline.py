@@ -364,7 +364,7 @@ async def test_async_run_trains_off_policy_within_the_staleness_bound(
     steps = train_records(result.metrics)
     assert [r["step"] for r in steps] == list(range(result.final_step))
     for record in steps:
-        assert record["sampling_client/staleness_max"] <= 1
+        assert record["async/staleness_max"] <= 1
     # A new sampling client after every step.
     assert backend.sampler_names == [f"step_{s:06d}" for s in range(result.final_step + 1)]
     if staleness == "pace":
