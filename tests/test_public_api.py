@@ -24,6 +24,7 @@ EXPECTED = {
     "ConfigError", "EvaluationTimeoutError", "GroupFailedError",
     # the client protocol and evaluators
     "Backend", "PendingResult", "SamplingClient", "TrainingClient", "Tokenizer", "SamplingClientEvaluator",
+    "RLTestSetEvaluator",
     # running and its results
     "RunHandle", "TrainResult", "run", "train", "CheckpointLog", "CheckpointRecord",
 }

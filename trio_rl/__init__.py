@@ -10,6 +10,7 @@ from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .kl import KLReferenceConfig
+from .rl_test_set import RLTestSetEvaluator
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
 from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
@@ -63,6 +64,7 @@ __all__ = [
     "Pace",
     "PendingResult",
     "RLDataset",
+    "RLTestSetEvaluator",
     "Requeue",
     "RetryOnFailure",
     "RolloutError",
