@@ -118,3 +118,30 @@ def test_assemble_training_data_uses_group_advantages_in_order() -> None:
 def test_split_evenly_sizes_differ_by_at_most_one() -> None:
     assert [len(c) for c in split_evenly(list(range(7)), 3)] == [3, 2, 2]
     assert split_evenly([], 2) == [[], []]
+
+
+def test_stable_reinforce_data_carries_which_sampled_sequence_each_token_came_from() -> None:
+    from tinker import types as t
+
+    first = Transition(ob([1, 2]), TokensWithLogprobs([3], [-0.3], sequence_id="s1"), 0.0, False)
+    second = Transition(ob([1, 2, 3, 4]), TokensWithLogprobs([5, 6], [-0.5, -0.6], sequence_id="s2"), 0.0, True)
+    trajectory = Trajectory([first, second], ob([1, 2, 3, 4, 5, 6]))
+    (datum,) = trajectory_to_data(trajectory, advantage=1.0, loss_fn="stable_reinforce")
+    # Tokens 1 2 | 3 | 4 | 5 6: s1's prompt, s1's sample, s2's prompt (from offset 3), s2's sample.
+    assert datum.model_input_spans == [
+        t.PromptProvenanceSpan(sequence_id="s1", offset=0, length=2),
+        t.SampledProvenanceSpan(sequence_id="s1", length=1),
+        t.PromptProvenanceSpan(sequence_id="s2", offset=3, length=1),
+        t.SampledProvenanceSpan(sequence_id="s2", length=1),
+    ]
+    assert datum.loss_fn_input_spans == [
+        t.PromptProvenanceSpan(sequence_id="s1", offset=1, length=1),
+        t.SampledProvenanceSpan(sequence_id="s1", length=1),
+        t.PromptProvenanceSpan(sequence_id="s2", offset=3, length=1),
+        t.SampledProvenanceSpan(sequence_id="s2", length=2),
+    ]
+    # Other losses do not need provenance, and an action without an id drops it.
+    (plain,) = trajectory_to_data(trajectory, advantage=1.0)
+    assert plain.model_input_spans is None
+    anonymous = Trajectory([turn([1, 2], [3], [-0.3])], ob([1, 2, 3]))
+    assert trajectory_to_data(anonymous, 1.0, loss_fn="stable_reinforce")[0].model_input_spans is None

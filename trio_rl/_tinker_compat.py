@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tinker import types as tinker_types
@@ -70,3 +71,38 @@ def with_loss_fn_inputs(
     if dataclasses.is_dataclass(datum):
         return dataclasses.replace(datum, loss_fn_inputs=inputs)
     return datum.model_copy(update={"loss_fn_inputs": inputs})  # type: ignore[attr-defined]
+
+
+HAS_PROVENANCE = hasattr(tinker_types, "SampledProvenanceSpan") and hasattr(tinker_types.Datum, "with_provenance")
+"""Whether this SDK can say which sampled sequence a Datum's tokens came from (after 0.24)."""
+
+
+def prompt_span(sequence_id: str, *, offset: int, length: int) -> Any:
+    """Tokens ``offset:offset + length`` of the prompt of the request that sampled ``sequence_id``."""
+    return tinker_types.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)  # type: ignore[attr-defined]
+
+
+def sampled_span(sequence_id: str, *, length: int) -> Any:
+    """The first ``length`` sampled tokens of ``sequence_id``."""
+    return tinker_types.SampledProvenanceSpan(sequence_id=sequence_id, length=length)  # type: ignore[attr-defined]
+
+
+def drop_first(spans: list[Any]) -> list[Any]:
+    """The spans of the same tokens without the first position."""
+    first, rest = spans[0], spans[1:]
+    if first.length == 1:
+        return rest
+    return [dataclasses.replace(first, offset=first.offset + 1, length=first.length - 1), *rest]
+
+
+def drop_last(spans: list[Any]) -> list[Any]:
+    """The spans of the same tokens without the last position."""
+    last, rest = spans[-1], spans[:-1]
+    if last.length == 1:
+        return rest
+    return [*rest, dataclasses.replace(last, length=last.length - 1)]
+
+
+def with_provenance(datum: tinker_types.Datum, model_input: list[Any], loss_fn_inputs: list[Any]) -> tinker_types.Datum:
+    """``datum`` carrying provenance spans (validated by the SDK against the Datum's lengths)."""
+    return datum.with_provenance(model_input=model_input, loss_fn_inputs=loss_fn_inputs)  # type: ignore[attr-defined]

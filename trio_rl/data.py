@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tinker import types as tinker_types
 
@@ -15,6 +15,9 @@ T = TypeVar("T")
 
 PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
 """A transition whose ``metrics`` set this to 1 (tinker-cookbook's key) trains nothing: its action tokens get mask 0."""
+
+PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
+"""Losses that read a Datum's provenance (which sampled sequence each token came from)."""
 
 MASK_KEY = "mask"
 """The action mask every Datum carries, as in the cookbook; :func:`without_mask` drops it before submission."""
@@ -48,12 +51,26 @@ class _Sequence:
     logprobs: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     mask: list[float] = field(default_factory=list)
+    spans: list[Any] | None = field(default_factory=list)
+    """Where each token came from while every action has a ``sequence_id`` (None once one does not)."""
 
     def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:
         self.tokens.extend(tokens)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
+
+    def note_provenance(self, new_ob_tokens: int, action: TokensWithLogprobs) -> None:
+        """Record that the new observation tokens end the prompt of ``action``'s request, then its tokens."""
+        if self.spans is None or action.sequence_id is None or not compat.HAS_PROVENANCE:
+            self.spans = None
+            return
+        if new_ob_tokens:
+            self.spans.append(
+                compat.prompt_span(action.sequence_id, offset=len(self.tokens) - new_ob_tokens, length=new_ob_tokens)
+            )
+        if action.tokens:
+            self.spans.append(compat.sampled_span(action.sequence_id, length=len(action.tokens)))
 
     def extend_action(self, action: TokensWithLogprobs, advantage: float, masked: bool, turn: int) -> None:
         if action.maybe_logprobs is None:
@@ -74,7 +91,11 @@ class _Sequence:
         else:
             inputs["logprobs"] = compat.tensor(self.logprobs[1:], "float32")
             inputs["advantages"] = compat.tensor(self.advantages[1:], "float32")
-        return tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
+        datum = tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
+        if loss_fn in PROVENANCE_LOSSES and self.spans:
+            # The input drops the sequence's last token, the targets its first.
+            return compat.with_provenance(datum, compat.drop_last(self.spans), compat.drop_first(self.spans))
+        return datum
 
 
 def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling") -> list[tinker_types.Datum]:
@@ -104,12 +125,15 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
     for turn, transition in enumerate(trajectory.transitions):
         ob_tokens = transition.ob.to_ints()
         if ob_tokens[: len(current.tokens)] == current.tokens:
+            new_ob = len(ob_tokens) - len(current.tokens)
             current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
         else:
             if len(current.tokens) > 1:
                 data.append(current.to_datum(loss_fn))
             current = _Sequence()
+            new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
+        current.note_provenance(new_ob, transition.ac)
         masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
         current.extend_action(transition.ac, advantage, masked, turn)
     if len(current.tokens) > 1:

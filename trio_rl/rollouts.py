@@ -77,7 +77,11 @@ class SamplingPolicy:
         self._turn += 1
         response = await self._client.sample(ob, 1, params)
         sequence = response.sequences[0]
-        return TokensWithLogprobs(tokens=list(sequence.tokens), maybe_logprobs=sequence.logprobs)
+        return TokensWithLogprobs(
+            tokens=list(sequence.tokens),
+            maybe_logprobs=sequence.logprobs,
+            sequence_id=getattr(sequence, "sequence_id", None),
+        )
 
 
 PolicyFactory = Callable[[int, int], TokenPolicy]

@@ -27,6 +27,8 @@ class TokensWithLogprobs:
 
     tokens: list[int]
     maybe_logprobs: list[float] | None
+    sequence_id: str | None = None
+    """The sampler's id for the sequence (tinker SDKs after 0.24), carried into a Datum's provenance."""
 
     @property
     def logprobs(self) -> list[float]:
