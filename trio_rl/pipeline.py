@@ -80,6 +80,8 @@ class TrainerSettings:
     cancel_save_timeout: float
     planned_steps: int | None = None
     """The steps the run expects in all (for ``progress/done_frac``), when known."""
+    learning_rate: float | None = None
+    """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_tokens: tuple[TokenCounts, TokenCounts] = (TokenCounts(), TokenCounts())
     """Cumulative and discarded tokens before this run (from the checkpoint resumed)."""
 
@@ -553,6 +555,8 @@ class Trainer:
             discarded_tokens=c.discarded_tokens + discarded,
         )
         metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
+        if self._settings.learning_rate is not None:
+            metrics.setdefault("optim/lr", self._settings.learning_rate)
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1
         self._metrics.write(done.step, metrics)

@@ -210,6 +210,7 @@ async def train(
                     cancel_save_timeout=config.cancel_save_timeout,
                     planned_steps=_planned_steps(config, schedule, len(dataset), len(first_batch)),
                     start_tokens=start_tokens,
+                    learning_rate=config.learning_rate,
                 ),
                 runner=StepRunner(
                     training_client,
