@@ -24,11 +24,17 @@ step and exits with code 130; ``--resume`` continues from the last checkpoint.
 from __future__ import annotations
 
 import random
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
+    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
 from tinker import types as tinker_types
 
@@ -44,7 +50,7 @@ from trio_rl import (
     Trajectory,
     derive_seed,
 )
-from trio_rl.cli import CommonArgs, LazyTokenizer, flag, make_backend, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, run_example
 
 ALPHABET = "0123456789+="
 """The LocalBackend tokenizer's characters: digits and the two operators, nothing else."""
@@ -57,20 +63,23 @@ ALPHABET = "0123456789+="
 class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
-    log_path: str = flag("runs/arithmetic", "run folder: metrics.jsonl, checkpoints, reward_curve.png")
-    mode: str = flag("async", "sync, stream or async")
-    staleness: str = flag("requeue", "async: requeue or pace")
-    max_steps_off_policy: int = flag(1, "async: K, how many steps stale a trained group may be")
-    groups_per_batch: int = flag(16, "problems per training step")
-    group_size: int = flag(16, "answers sampled per problem")
-    learning_rate: float = flag(1e-3, "Adam learning rate")
-    loss_fn: str = flag("importance_sampling", "importance_sampling, ppo, cispo or dro")
-    max_tokens: int = flag(1, "tokens per answer (LocalBackend: one digit; Tinker gets at least 4)")
-    max_steps: int = flag(600, "training steps")
-    eval_every: int = flag(50, "evaluate greedy accuracy every N steps")
-    save_every: int = flag(100, "save a resumable checkpoint every N steps")
-    max_sum: int = flag(9, "problems are a+b with a, b >= 0 and a+b <= max_sum (9: one-digit answers)")
-    near_miss_reward: float = flag(0.5, "most partial credit for a wrong number; shrinks to 0 at 5 away (0: none)")
+    log_path: str = "runs/arithmetic"
+    groups_per_batch: int = 16
+    """problems per training step"""
+    group_size: int = 16
+    """answers sampled per problem"""
+    max_tokens: int = 1
+    """tokens per answer (LocalBackend: one digit; Tinker gets at least 4)"""
+    max_steps: int = 600
+    """training steps"""
+    eval_every: int = 50
+    """evaluate greedy accuracy every N steps"""
+    save_every: int = 100
+    """save a resumable checkpoint every N steps"""
+    max_sum: int = 9
+    """problems are a+b with a, b >= 0 and a+b <= max_sum (9: one-digit answers)"""
+    near_miss_reward: float = 0.5
+    """most partial credit for a wrong number; shrinks to 0 at 5 away (0: none)"""
 
 
 # ---------------------------------------------------------------- the environment
@@ -95,7 +104,7 @@ class Renderer:
     def prompt(self, a: int, b: int) -> tuple[Observation, StopCondition]:
         chars = self._char_tokenizer()
         if chars is not None:
-            tokens = [chars.bos_token_id] + chars.encode(f"{a}+{b}=")
+            tokens = [chars.bos_token_id, *chars.encode(f"{a}+{b}=")]
             return tinker_types.ModelInput.from_ints(tokens), [chars.eos_token_id]
         text = f"Answer with the number only.\n{a}+{b}="
         return tinker_types.ModelInput.from_ints(self.tokenizer.encode(text)), ["\n"]
@@ -193,7 +202,9 @@ class AdditionDataset(RLDataset):
         for _ in range(self.args.groups_per_batch):
             total = rng.randint(0, self.args.max_sum)
             a = rng.randint(0, total)
-            builders.append(AdditionGroupBuilder(a, total - a, self.args.group_size, self.renderer, self.args.near_miss_reward))
+            builders.append(
+                AdditionGroupBuilder(a, total - a, self.args.group_size, self.renderer, self.args.near_miss_reward)
+            )
         return builders
 
 
@@ -227,19 +238,20 @@ class AccuracyEvaluator:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
-    """Parse flags, build the run, train; return the process exit code."""
-    args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
+def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
+    """The dataset and the evaluator of a run with these flags."""
     if args.backend == "tinker":
         # A real tokenizer may split a number and needs a newline to end it.
         args.max_tokens = max(args.max_tokens, 4)
-    backend, tokenizer = make_backend(args, alphabet=ALPHABET)
     renderer = Renderer(tokenizer)
     # Enough batches for every step even when groups are requeued; max_steps ends the run.
     dataset = AdditionDataset(args, renderer, num_batches=4 * args.max_steps + 8)
-    config = make_config(args)
-    evaluators = [AccuracyEvaluator(renderer, args)]
-    return run_cli(config, dataset=dataset, backend=backend, evaluators=evaluators, curve_keys=("eval/accuracy",))
+    return Experiment(dataset, [AccuracyEvaluator(renderer, args)], curve_keys=("eval/accuracy",))
+
+
+def main(argv: Sequence[str] | None = None, **defaults: Any) -> int:
+    """Parse flags, build the run, train; return the process exit code."""
+    return run_example(Args, build, argv, alphabet=ALPHABET, description=__doc__.splitlines()[0], **defaults)
 
 
 if __name__ == "__main__":

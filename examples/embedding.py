@@ -16,20 +16,27 @@ The environment is the one of ``examples/arithmetic.py``.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
+    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import arithmetic  # noqa: E402  (the sibling example, for its env)
+import arithmetic
 
-from trio_rl import CheckpointLog, RunHandle, train  # noqa: E402
-from trio_rl.cli import flag, make_backend, make_config, parse_args  # noqa: E402
+from trio_rl import CheckpointLog, ConfigError, RunHandle, train
+from trio_rl.cli import config_error_leaves, make_backend, make_config, parse_args
 
 
 @dataclass
@@ -38,9 +45,12 @@ class Args(arithmetic.Args):
 
     log_path: str = "runs/embedding"
     max_steps: int = 1000
-    threshold: float = flag(0.5, "stop once a step's mean reward reaches this")
-    stop_after: int = flag(200, "stop after this many steps at the latest")
-    heartbeat_s: float = flag(5.0, "seconds between the host's own heartbeat lines")
+    threshold: float = 0.5
+    """stop once a step's mean reward reaches this"""
+    stop_after: int = 200
+    """stop after this many steps at the latest"""
+    heartbeat_s: float = 5.0
+    """seconds between the host's own heartbeat lines"""
 
 
 async def host(args: Args) -> dict[str, Any]:
@@ -57,41 +67,49 @@ async def host(args: Args) -> dict[str, Any]:
             seen["heartbeats"] += 1
             print(f"[host] still responsive; {seen['steps']} steps seen so far", flush=True)
 
-    async with backend:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(heartbeat)
-            handle: RunHandle = await nursery.start(
-                lambda task_status: train(config, dataset=dataset, backend=backend, task_status=task_status)
+    async with backend, trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeat)
+        handle: RunHandle = await nursery.start(
+            lambda task_status: train(config, dataset=dataset, backend=backend, task_status=task_status)
+        )
+        print(f"[host] run started in {handle.log_path}", flush=True)
+        async for record in handle.metrics:
+            if "progress/groups" not in record:
+                continue
+            seen["steps"] = record["step"] + 1
+            reward = record["env/all/reward/total"]
+            seen["best_reward"] = max(seen["best_reward"], reward)
+            print(
+                f"[host] step {record['step']:4d}  reward {reward:.3f}  "
+                f"staleness {record['async/staleness_max']}",
+                flush=True,
             )
-            print(f"[host] run started in {handle.log_path}", flush=True)
-            async for record in handle.metrics:
-                if "progress/groups" not in record:
-                    continue
-                seen["steps"] = record["step"] + 1
-                reward = record["env/all/reward/total"]
-                seen["best_reward"] = max(seen["best_reward"], reward)
-                print(
-                    f"[host] step {record['step']:4d}  reward {reward:.3f}  "
-                    f"staleness {record['async/staleness_max']}",
-                    flush=True,
-                )
-                if reward >= args.threshold:
-                    seen["stopped_because"] = f"reward {reward:.3f} >= {args.threshold}"
-                    break
-                if seen["steps"] >= args.stop_after:
-                    seen["stopped_because"] = f"{args.stop_after} steps"
-                    break
-            # Stops the run (and the heartbeat): everything in this nursery is cancelled.
-            nursery.cancel_scope.cancel()
+            if reward >= args.threshold:
+                seen["stopped_because"] = f"reward {reward:.3f} >= {args.threshold}"
+                break
+            if seen["steps"] >= args.stop_after:
+                seen["stopped_because"] = f"{args.stop_after} steps"
+                break
+        # Stops the run (and the heartbeat): everything in this nursery is cancelled.
+        nursery.cancel_scope.cancel()
     checkpoint = CheckpointLog(Path(args.log_path)).last()
-    seen["checkpoint"] = None if checkpoint is None else f"step {checkpoint.step} ({checkpoint.reason}) at {checkpoint.state_path}"
+    seen["checkpoint"] = (
+        None if checkpoint is None else f"step {checkpoint.step} ({checkpoint.reason}) at {checkpoint.state_path}"
+    )
     return seen
 
 
 def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
     """Parse flags, run the host program, print what it saw."""
     args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
-    seen = trio.run(host, args)
+    seen: dict[str, Any] = {}
+    try:
+        seen = trio.run(host, args)
+    except* ConfigError as group:
+        # Raised before the run or inside its nursery: the message, never a traceback.
+        print("\n".join(f"error: {error}" for error in config_error_leaves(group)), file=sys.stderr)
+    if not seen:
+        return 2
     print(
         f"[host] stopped the run because {seen['stopped_because']}: {seen['steps']} steps seen, "
         f"best reward {seen['best_reward']:.3f}, {seen['heartbeats']} heartbeats; last checkpoint: {seen['checkpoint']}"

@@ -21,15 +21,22 @@ less for the random initial policy) towards 1.
 from __future__ import annotations
 
 import random
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+if __name__ == "__main__":
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
+    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+
 from tinker import types as tinker_types
 
 from trio_rl import Env, EnvGroupBuilder, Observation, RLDataset, SamplingClient, StepResult, StopCondition, derive_seed
-from trio_rl.cli import CommonArgs, LazyTokenizer, make_backend, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, LossFn, run_example
 
 ALPHABET = "0123456789 :abcdeghilorsuw"
 """Digits and the letters of "guess", "higher", "lower" (LocalBackend's character tokenizer)."""
@@ -43,19 +50,19 @@ class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
     log_path: str = "runs/guess_number"
-    mode: str = "async"
-    max_steps_off_policy: int = 1
     groups_per_batch: int = 8
     group_size: int = 8
     learning_rate: float = 2e-3
-    loss_fn: str = "ppo"
+    loss_fn: LossFn = "ppo"
     max_tokens: int = 2
+    """tokens per guess: a digit and end-of-sequence"""
     max_steps: int = 150
     eval_every: int = 25
     save_every: int = 50
     max_turns: int = 4
+    """most guesses per game; each wrong one is answered with higher or lower"""
     format_reward: float = 0.05
-    max_seq_len: int = 64
+    """reward per well-formed guess (a digit, then end-of-sequence)"""
 
 
 # ---------------------------------------------------------------- the environment
@@ -75,7 +82,7 @@ class Dialogue:
     def opening(self) -> tuple[list[int], StopCondition]:
         chars = self._chars()
         if chars is not None:
-            return [chars.bos_token_id] + chars.encode("guess:"), [chars.eos_token_id]
+            return [chars.bos_token_id, *chars.encode("guess:")], [chars.eos_token_id]
         return self.tokenizer.encode("I picked a digit from 0 to 9. Guess it, one digit per line.\nguess:"), ["\n"]
 
     def reply(self, text: str) -> list[int]:
@@ -166,7 +173,9 @@ class GuessDataset(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         rng = random.Random(derive_seed(self.args.seed, "guess_number", index))
-        return [GuessGroupBuilder(rng.randrange(10), self.args, self.dialogue) for _ in range(self.args.groups_per_batch)]
+        return [
+            GuessGroupBuilder(rng.randrange(10), self.args, self.dialogue) for _ in range(self.args.groups_per_batch)
+        ]
 
 
 class WinRateEvaluator:
@@ -183,7 +192,9 @@ class WinRateEvaluator:
             env = GuessEnv(secret, self.dialogue, self.args.max_turns, 0.0)
             ob, stop = await env.initial_observation()
             while True:
-                params = tinker_types.SamplingParams(max_tokens=self.args.max_tokens, temperature=0.0, stop=stop, seed=0)
+                params = tinker_types.SamplingParams(
+                    max_tokens=self.args.max_tokens, temperature=0.0, stop=stop, seed=0
+                )
                 response = await sampling_client.sample(ob, 1, params)
                 result = await env.step(list(response.sequences[0].tokens))
                 if result.episode_done:
@@ -197,14 +208,16 @@ class WinRateEvaluator:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
-    """Parse flags, build the run, train; return the process exit code."""
-    args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
-    backend, tokenizer = make_backend(args, alphabet=ALPHABET)
+def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
+    """The dataset and the evaluator of a run with these flags."""
     dialogue = Dialogue(tokenizer)
     dataset = GuessDataset(args, dialogue, num_batches=4 * args.max_steps + 8)
-    evaluators = [WinRateEvaluator(args, dialogue)]
-    return run_cli(make_config(args), dataset=dataset, backend=backend, evaluators=evaluators, curve_keys=("eval/win_rate",))
+    return Experiment(dataset, [WinRateEvaluator(args, dialogue)], curve_keys=("eval/win_rate",))
+
+
+def main(argv: Sequence[str] | None = None, **defaults: Any) -> int:
+    """Parse flags, build the run, train; return the process exit code."""
+    return run_example(Args, build, argv, alphabet=ALPHABET, description=__doc__.splitlines()[0], **defaults)
 
 
 if __name__ == "__main__":

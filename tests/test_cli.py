@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -14,8 +15,7 @@ import pytest
 
 from tests.conftest import read_jsonl
 from trio_rl.checkpoint import CheckpointLog
-from trio_rl.cli import EXIT_INTERRUPTED, CommonArgs, flag, make_config, parse_args
-from trio_rl.errors import ConfigError
+from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, make_config, parse_args, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class ExampleArgs(CommonArgs):
     max_steps: int = 7
-    depth: int = flag(3, "an example's own flag")
+    depth: int = 3
+    """an example's own flag"""
 
 
 def test_flags_come_from_the_dataclass_and_overrides_only_change_defaults() -> None:
@@ -46,9 +47,25 @@ def test_make_config_selects_the_mode(mode: str) -> None:
         assert (config.async_config.staleness, config.async_config.max_steps_off_policy) == ("pace", 3)
 
 
-def test_an_unknown_mode_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="mode"):
-        make_config(parse_args(ExampleArgs, ["--mode", "turbo"]))
+def test_an_unknown_mode_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        parse_args(ExampleArgs, ["--mode", "turbo"])
+    assert stop.value.code == EXIT_CONFIG_ERROR and "turbo" in capsys.readouterr().err
+
+
+def test_a_config_error_raised_inside_the_run_prints_its_message(tmp_path: Path) -> None:
+    # The stream minibatch size is checked against the dataset's batches only once
+    # train() runs, inside nested nurseries: the error arrives twice wrapped.
+    from trio_rl import Config, StreamMinibatchConfig
+    from trio_rl.testing import FakeBackend, FakeDataset
+
+    out = io.StringIO()
+    config = Config(log_path=tmp_path, stream_minibatch_config=StreamMinibatchConfig(4, 2))
+    code = run_cli(config, dataset=FakeDataset(num_batches=2, batch_size=2), backend=FakeBackend(), out=out)
+    assert code == EXIT_CONFIG_ERROR
+    assert out.getvalue() == (
+        "error: stream_minibatch_config.groups_per_batch: is 4 but the dataset's batches hold 2 groups; make them equal\n"
+    )
 
 
 def test_ctrl_c_saves_the_last_step_and_exits_130(tmp_path: Path) -> None:

@@ -8,7 +8,16 @@ import pytest
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import run_fake
-from trio_rl import AsyncConfig, Config, ConfigError, FailFast, MinViableGroup, RetryOnFailure, StreamMinibatchConfig
+from trio_rl import (
+    AsyncConfig,
+    Config,
+    ConfigError,
+    FailFast,
+    KLReferenceConfig,
+    MinViableGroup,
+    RetryOnFailure,
+    StreamMinibatchConfig,
+)
 from trio_rl.testing import FakeBackend, FakeDataset
 
 
@@ -62,3 +71,61 @@ def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> 
     assert Config(log_path=tmp_path).mode == "sync"
     assert Config(log_path=tmp_path, async_config=AsyncConfig(1, 2)).mode == "async"
     assert Config(log_path=tmp_path, stream_minibatch_config=StreamMinibatchConfig(2, 1)).mode == "stream"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", 0),
+        ("lora_rank", 0),
+        ("adam_beta1", 1.0),
+        ("adam_beta2", -0.1),
+        ("adam_eps", 0.0),
+        ("weight_decay", -1.0),
+        ("grad_clip_norm", float("nan")),
+        ("eval_timeout", 0.0),
+        ("cancel_save_timeout", -1.0),
+        ("learning_rate", float("nan")),
+    ],
+)
+def test_out_of_range_numbers_are_rejected_naming_the_field(tmp_path: Path, field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        Config(log_path=tmp_path, **{field: value}).validate()
+
+
+def test_config_round_trips_through_config_json(tmp_path: Path) -> None:
+    import json
+
+    from trio_rl import MinViableGroup
+
+    config = Config(
+        log_path=tmp_path,
+        loss_fn="ppo",
+        loss_fn_config={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+        async_config=AsyncConfig(2, 4, "pace"),
+        rollout_error_tolerance=MinViableGroup(min_successful=2, max_retries=3),
+        kl_penalty_coef=0.1,
+        kl_reference_config=KLReferenceConfig("trio-rl-tiny"),
+        max_steps=9,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
+    again = Config.from_json(json.loads((tmp_path / "config.json").read_text()))
+    assert again == config and hash(again) == hash(config)
+    again.validate()
+    assert isinstance(again.async_config, AsyncConfig) and isinstance(again.rollout_error_tolerance, MinViableGroup)
+
+
+def test_a_config_with_a_loss_fn_config_is_hashable() -> None:
+    one = Config(log_path="a", loss_fn_config={"clip": 0.2})
+    assert hash(one) == hash(Config(log_path="a", loss_fn_config={"clip": 0.2}))
+    assert len({one, Config(log_path="a", loss_fn_config={"clip": 0.3})}) == 2
+
+
+def test_from_json_names_an_unknown_field() -> None:
+    with pytest.raises(ConfigError, match="bogus"):
+        Config.from_json({"log_path": "a", "bogus": 1})
+    with pytest.raises(ConfigError, match="async_config"):
+        Config.from_json({"log_path": "a", "async_config": {"type": "Nope"}})

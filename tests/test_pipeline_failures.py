@@ -9,7 +9,9 @@ import trio
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import MODES, make_config, run_fake
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator
+from trio_rl import CheckpointLog
+from trio_rl.errors import NonFiniteError
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator, FakeSamplingClient
 
 
 class EnvBroke(Exception):
@@ -85,3 +87,78 @@ async def test_a_crash_and_a_failing_cleanup_both_reach_the_caller(log_path: Pat
     crashes, rest = caught.value.split(EnvBroke)
     assert crashes is not None, "the rollout's own crash was hidden by its cleanup's"
     assert rest is not None and rest.split(CleanupBroke)[0] is not None
+
+
+async def test_one_backend_fault_under_many_waiters_is_raised_once(log_path: Path, autojump_clock: MockClock) -> None:
+    # The sampler dies under every pending request at once, as a dead thread would.
+    fault = ConnectionError("sampler thread died")
+
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    original = FakeSamplingClient.sample
+
+    async def sample(self: FakeSamplingClient, *args: object, **kwargs: object) -> object:
+        if self.version >= 1:
+            await trio.sleep(0.5)
+            raise fault
+        return await original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    FakeSamplingClient.sample = sample  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ExceptionGroup) as caught:
+            await run_fake(make_config(log_path, "pace"), FakeDataset(6, 4), backend)
+    finally:
+        FakeSamplingClient.sample = original  # type: ignore[method-assign]
+    leaves = []
+    stack: list[BaseException] = [caught.value]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    assert leaves == [fault]
+
+
+class NanRewardBuilder(FakeEnvGroupBuilder):
+    async def compute_group_rewards(self, trajectory_group, env_group):  # type: ignore[no-untyped-def]
+        rewards = await super().compute_group_rewards(trajectory_group, env_group)
+        return [(float("nan") if self.key == (1, 2) else r, m) for r, m in rewards]
+
+
+async def test_a_non_finite_reward_stops_the_run_naming_the_group(log_path: Path, autojump_clock: MockClock) -> None:
+    class Dataset(FakeDataset):
+        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+            return [NanRewardBuilder((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
+
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    with pytest.RaisesGroup(pytest.RaisesExc(NonFiniteError, match="group 2 of dataset batch 1 .* nan"), flatten_subgroups=True):
+        await run_fake(make_config(log_path, "sync"), Dataset(3, 4), backend)
+    # Nothing was trained on it: only batch 0 reached forward_backward.
+    assert {key[0] for call in backend.calls_of("forward_backward") for key in call.detail["groups"]} == {0}
+
+
+async def test_a_group_with_no_envs_is_an_error_not_an_empty_run(log_path: Path, autojump_clock: MockClock) -> None:
+    with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match=r"make_envs\(\) returned no envs"), flatten_subgroups=True):
+        await run_fake(make_config(log_path, "sync"), FakeDataset(2, 4, FakeEnvSpec(group_size=0)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("where", ["worker", "dataloader"])
+async def test_a_crash_is_never_taken_for_the_end_of_data(
+    log_path: Path, mode: str, where: str, autojump_clock: MockClock
+) -> None:
+    # A crashing stage's channels close as it unwinds; the trainer must not see
+    # that as the end of data and train a partial step or save a final state.
+    class Dataset(FakeDataset):
+        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+            if where == "dataloader" and index == 2:
+                raise EnvBroke("the dataset could not build batch 2")
+            return list(super().get_batch(index))  # type: ignore[arg-type]
+
+    spec = FakeEnvSpec(fail_at={(2, 1): "compute_group_rewards"} if where == "worker" else {}, error=EnvBroke)
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    with pytest.RaisesGroup(EnvBroke, flatten_subgroups=True):
+        await run_fake(make_config(log_path, mode), Dataset(3, 4, spec), backend)
+    assert CheckpointLog(log_path).all() == []
+    trained = [key for call in backend.calls_of("forward_backward") for key in call.detail["groups"]]
+    assert all(key[0] < 2 for key in trained)

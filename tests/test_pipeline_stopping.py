@@ -12,7 +12,7 @@ from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, RUN_DEADLINE_S, make_config, run_fake
 from trio_rl import RunHandle, train
 from trio_rl.checkpoint import CheckpointLog
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -79,3 +79,35 @@ async def test_save_on_cancel_writes_the_last_completed_step(log_path: Path, aut
     assert checkpoint is not None and checkpoint.reason == "cancelled"
     # Steps take 1.5 s: by 4.0 two were complete.
     assert checkpoint.step == 2
+
+
+class SlowCleanupBuilder(FakeEnvGroupBuilder):
+    """Batches from 4 on, still in flight when max_steps=4 ends the run, take 20 s to clean up."""
+
+    async def cleanup(self) -> None:
+        if self.key[0] >= 4:
+            await trio.sleep(20.0)
+        await super().cleanup()
+
+
+class SlowCleanupDataset(FakeDataset):
+    def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+        return [SlowCleanupBuilder((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
+
+
+@pytest.mark.parametrize("during", ["rollout teardown", "final evaluation", "final save"])
+async def test_a_cancel_after_the_last_step_still_saves_it_once(
+    log_path: Path, during: str, autojump_clock: MockClock
+) -> None:
+    # The last step ends at 6.0 s (4 steps of 1 s sampling + 0.5 s training); the
+    # phase after it is made slow, and the cancel at 10 s lands inside it.
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5, state_latency=20.0 if during == "final save" else 0.0)
+    dataset = SlowCleanupDataset(8, 4) if during == "rollout teardown" else FakeDataset(8, 4)
+    evaluators = (FakeEvaluator(latency=100.0),) if during == "final evaluation" else ()
+    config = make_config(log_path, "sync", max_steps=4, save_on_cancel=True)
+    with trio.move_on_after(10.0):
+        await run_fake(config, dataset, backend, evaluators)
+    records = CheckpointLog(log_path).all()
+    assert records and records[-1].final and records[-1].step == 4
+    # Saved once, even when the cancel came in the middle of that save.
+    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["step_000004"]

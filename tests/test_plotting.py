@@ -1,84 +1,55 @@
-"""trio_rl.plotting: the PNG encoder, the rasteriser and the plot layout."""
+"""trio_rl.plotting: the curves, fitted to the data, from metrics.jsonl."""
 
 from __future__ import annotations
 
-import struct
-import zlib
+import json
 from pathlib import Path
 
-from trio_rl.plotting import BLACK, WHITE, Canvas, Series, encode_png, layout, nice_ticks, plot_series
+from matplotlib.image import imread
+
+from trio_rl.plotting import CURVE_FILE, draw_curves, series, write_curves
+from trio_rl.progress import REWARD_KEY
 
 
-def decode_png(data: bytes) -> tuple[int, int, bytes]:
-    """Width, height and RGB bytes of an 8-bit RGB, filter-0 PNG (what encode_png writes)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    idat = b""
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind = data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
-        chunks[kind] = body
-        if kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert list(chunks)[0] == b"IHDR" and list(chunks)[-1] == b"IEND"
-    width, height, depth, color_type, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
-    assert (depth, color_type, interlace) == (8, 2, 0)
-    raw = zlib.decompress(idat)
-    stride = 3 * width
-    assert len(raw) == height * (stride + 1)
-    rows = [raw[y * (stride + 1) : (y + 1) * (stride + 1)] for y in range(height)]
-    assert all(row[0] == 0 for row in rows)
-    return width, height, b"".join(row[1:] for row in rows)
+def records() -> list[dict[str, object]]:
+    steps: list[dict[str, object]] = [
+        {
+            "step": s,
+            "progress/groups": 4,
+            REWARD_KEY: 0.1 + 0.05 * s,
+            **({"eval/win_rate": 0.1 * s} if s % 5 == 0 else {}),
+        }
+        for s in range(23)
+    ]
+    # The final-weights record: an evaluation at step 23, no training metrics.
+    steps.append({"step": 23, "run/final_step": 23, "eval/win_rate": 2.5, REWARD_KEY: 99.0})
+    return steps
 
 
-def test_png_round_trips_every_pixel() -> None:
-    canvas = Canvas(7, 3)
-    canvas.set(0, 0, (1, 2, 3))
-    canvas.set(6, 2, (250, 0, 9))
-    canvas.set(99, 99, BLACK)  # outside: ignored
-    width, height, pixels = decode_png(encode_png(canvas))
-    assert (width, height) == (7, 3)
-    assert pixels == bytes(canvas.pixels)
-    assert pixels[:3] == bytes((1, 2, 3)) and pixels[-3:] == bytes((250, 0, 9))
+def test_series_reads_eval_keys_from_every_record_and_training_keys_from_steps_only() -> None:
+    assert series(records(), "eval/win_rate") == ([0, 5, 10, 15, 20, 23], [0.0, 0.5, 1.0, 1.5, 2.0, 2.5])
+    steps, values = series(records(), REWARD_KEY)
+    assert steps == list(range(23)) and max(values) < 1.3
+    assert series([{"step": 0, "progress/groups": 1, REWARD_KEY: float("nan")}], REWARD_KEY) == ([], [])
 
 
-def test_lines_cover_their_end_points_and_text_draws_something() -> None:
-    canvas = Canvas(20, 20)
-    canvas.line(2, 3, 15, 11, BLACK)
-    assert canvas.get(2, 3) == BLACK and canvas.get(15, 11) == BLACK
-    assert canvas.get(19, 0) == WHITE
-    end = canvas.text(0, 0, "0", scale=1)
-    assert end == 4 and canvas.get(0, 0) == BLACK and canvas.get(1, 1) == WHITE
+def test_axes_fit_the_data_beyond_zero_to_one() -> None:
+    # guess_number's rewards go above 1 (success plus format reward): nothing is cut off.
+    figure = draw_curves(records(), ["eval/win_rate", "eval/absent"])
+    assert figure is not None
+    reward_axes, eval_axes = figure.axes  # an absent metric gets no panel
+    assert reward_axes.get_title() == REWARD_KEY and eval_axes.get_title() == "eval/win_rate"
+    low, high = reward_axes.get_ylim()
+    assert low <= 0.1 and 1.2 <= high < 1.5
+    assert reward_axes.get_xlim()[1] < 25
+    assert eval_axes.get_ylim()[1] >= 2.5
 
 
-def test_nice_ticks_are_round_and_cover_the_range() -> None:
-    assert nice_ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert nice_ticks(0.0, 900.0, target=6) == [0.0, 200.0, 400.0, 600.0, 800.0]
-
-
-def test_plot_puts_the_curve_where_its_points_map(tmp_path: Path) -> None:
-    red = (214, 39, 40)
-    series = [Series("reward", [(0.0, 0.0), (50.0, 0.5), (100.0, 1.0)], red)]
-    path = tmp_path / "curve.png"
-    plot_series(path, series, x_label="step", y_range=(0.0, 1.0), width=320, height=200)
-    width, height, pixels = decode_png(path.read_bytes())
-    assert (width, height) == (320, 200)
-
-    def color(x: int, y: int) -> tuple[int, int, int]:
-        i = 3 * (y * width + x)
-        return (pixels[i], pixels[i + 1], pixels[i + 2])
-
-    area = layout(320, 200, series, (0.0, 1.0))
-    for x_data, y_data in [(0.0, 0.0), (25.0, 0.25), (50.0, 0.5), (100.0, 1.0)]:
-        px, py = area.to_pixel(x_data, y_data)
-        assert color(px, py) == red, (x_data, y_data)
-    # Far from the line, inside the plot area: background or grid, never the curve.
-    px, py = area.to_pixel(90.0, 0.1)
-    assert color(px, py) != red
-    # The axes are black.
-    assert color(area.left, (area.top + area.bottom) // 2) == BLACK
-    assert color((area.left + area.right) // 2, area.bottom) == BLACK
+def test_write_curves_writes_a_png_of_the_run(tmp_path: Path) -> None:
+    assert write_curves(tmp_path) is None  # no metrics yet
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records()))
+    path = write_curves(tmp_path, ["eval/win_rate"])
+    assert path == tmp_path / CURVE_FILE
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = imread(path).shape
+    assert width > height > 100  # two panels side by side

@@ -12,6 +12,10 @@ EXPECTED = {
     # the RL vocabulary, as in tinker-cookbook's rl/types.py
     "Action", "Env", "EnvGroupBuilder", "Metrics", "Observation", "RLDataset", "RolloutError", "StepResult",
     "StopCondition", "TokensWithLogprobs", "Trajectory", "TrajectoryGroup", "Transition",
+    "ActionExtra", "InitialObservationOverflow", "Logprobs", "Logs", "RLDatasetBuilder", "StopReason",
+    "STOP_METRIC_PREFIX", "PARSE_ERROR_MASKED_METRIC_KEY",
+    # running tinker-cookbook's asyncio code (trio_rl.asyncio_bridge)
+    "BridgeMode", "DualSamplingClient", "runs_on",
     # rollouts and error strategies
     "ErrorStrategy", "FailFast", "MinViableGroup", "RetryOnFailure", "SamplingPolicy", "do_group_rollout",
     "do_single_rollout",

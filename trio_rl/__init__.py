@@ -1,11 +1,13 @@
 """trio_rl: reinforcement-learning post-training of language models on Trio.
 
-The public surface: the RL vocabulary (mirroring tinker-cookbook's ``rl/types.py``),
+The public surface: the RL vocabulary (tinker-cookbook 0.6.1's ``rl/types.py``, name
+for name), the asyncio bridge for cookbook code (:mod:`trio_rl.asyncio_bridge`),
 rollouts and error strategies, data processing, configuration, and the
 :func:`train` / :func:`run` entry points. Backends live in :mod:`trio_rl.backends`,
 fakes for tests in :mod:`trio_rl.testing`.
 """
 
+from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
 from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
@@ -28,15 +30,23 @@ from .rollouts import (
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 from .train import RunHandle, TrainResult, run, train
 from .types import (
+    PARSE_ERROR_MASKED_METRIC_KEY,
+    STOP_METRIC_PREFIX,
     Action,
+    ActionExtra,
     Env,
     EnvGroupBuilder,
+    InitialObservationOverflow,
+    Logprobs,
+    Logs,
     Metrics,
     Observation,
     RLDataset,
+    RLDatasetBuilder,
     RolloutError,
     StepResult,
     StopCondition,
+    StopReason,
     TokensWithLogprobs,
     Trajectory,
     TrajectoryGroup,
@@ -45,12 +55,15 @@ from .types import (
 
 __all__ = [
     "Action",
+    "ActionExtra",
     "AsyncConfig",
     "Backend",
+    "BridgeMode",
     "CheckpointLog",
     "CheckpointRecord",
     "Config",
     "ConfigError",
+    "DualSamplingClient",
     "Env",
     "EnvGroupBuilder",
     "ErrorStrategy",
@@ -58,23 +71,30 @@ __all__ = [
     "FailFast",
     "GroupFailedError",
     "KLReferenceConfig",
+    "InitialObservationOverflow",
+    "Logprobs",
+    "Logs",
     "Metrics",
     "MinViableGroup",
     "Observation",
+    "PARSE_ERROR_MASKED_METRIC_KEY",
     "Pace",
     "PendingResult",
     "RLDataset",
     "RLTestSetEvaluator",
+    "RLDatasetBuilder",
     "Requeue",
     "RetryOnFailure",
     "RolloutError",
     "RunHandle",
+    "STOP_METRIC_PREFIX",
     "SamplingClient",
     "SamplingClientEvaluator",
     "SamplingPolicy",
     "Schedule",
     "StepResult",
     "StopCondition",
+    "StopReason",
     "Stream",
     "StreamMinibatchConfig",
     "Sync",
@@ -92,6 +112,7 @@ __all__ = [
     "do_single_rollout",
     "remove_constant_reward_groups",
     "run",
+    "runs_on",
     "train",
     "trajectory_metrics",
     "trajectory_to_data",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import trio
+
 from .backends.protocol import TrainingClient
+from .jsonl import DamagedFileError, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
 
@@ -65,11 +69,13 @@ class CheckpointLog:
         with self.path.open("a") as f:
             f.write(json.dumps(asdict(checkpoint)) + "\n")
 
-    def all(self) -> list[CheckpointRecord]:
-        """Every checkpoint recorded, oldest first."""
-        if not self.path.exists():
-            return []
-        return [_parse(line) for line in self.path.read_text().splitlines() if line.strip()]
+    def all(self, *, repair: bool = False) -> list[CheckpointRecord]:
+        """Every checkpoint recorded, oldest first; a torn last line is ignored (and cut, with ``repair``).
+
+        Raises:
+            DamagedFileError: a record is malformed; the message names the file and line.
+        """
+        return [_parse(raw, self.path, n) for n, raw in enumerate(read_records(self.path, repair=repair), start=1)]
 
     def last(self) -> CheckpointRecord | None:
         """The newest checkpoint recorded, or None."""
@@ -77,18 +83,25 @@ class CheckpointLog:
         return checkpoints[-1] if checkpoints else None
 
 
-def _parse(line: str) -> CheckpointRecord:
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(CheckpointRecord))
+
+
+def _parse(raw: dict[str, object], path: Path, number: int) -> CheckpointRecord:
     """A trio_rl row, or a cookbook row (no ``cursor``: step ``batch`` resumes at dataset batch ``batch``)."""
-    raw = json.loads(line)
-    known = {f.name for f in fields(CheckpointRecord)}
-    batch = raw.get("batch", raw.get("step"))
-    if batch is None:
-        raise ValueError(f"{CHECKPOINTS_FILE}: a row without 'batch' or 'step': {line.strip()}")
-    raw["batch"] = batch
-    raw["cursor"] = tuple(raw.get("cursor", (batch, 0)))
-    raw["outstanding"] = [tuple(item) for item in raw.get("outstanding", [])]
-    raw["final"] = bool(raw.get("final", False))
-    return CheckpointRecord(**{k: v for k, v in raw.items() if k in known})
+    try:
+        fields = {k: v for k, v in raw.items() if k in _RECORD_FIELDS}
+        batch = fields.get("batch", fields.get("step"))
+        if batch is None:
+            raise KeyError("batch")
+        fields["batch"] = batch
+        fields["cursor"] = tuple(fields.get("cursor", (batch, 0)))  # type: ignore[arg-type]
+        fields["outstanding"] = [tuple(item) for item in fields.get("outstanding", [])]  # type: ignore[attr-defined]
+        fields["final"] = bool(fields.get("final", False))
+        return CheckpointRecord(**fields)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedFileError(
+            f"{path}, record {number}: neither a trio_rl nor a tinker-cookbook checkpoint record ({exc!r})"
+        ) from None
 
 
 class CheckpointKeeper:
@@ -99,13 +112,18 @@ class CheckpointKeeper:
         client: the training client whose state is saved.
         ledger: the run's data ledger, read at each save.
         weights: the published weights, whose sampler path each row records.
+        shielded: finish a save that a cancellation interrupts (``Config.save_on_cancel``):
+            an interrupted save may still be writing, so it must not be started again.
     """
 
-    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, weights: LatestWeights) -> None:
+    def __init__(
+        self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, weights: LatestWeights, *, shielded: bool
+    ) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
         self._weights = weights
+        self._shielded = shielded
         self._last: tuple[int, str] | None = None
         self.final: CheckpointRecord | None = None
         """The final checkpoint, once written."""
@@ -120,7 +138,8 @@ class CheckpointKeeper:
         if self._last is not None and self._last[0] == step:
             path = self._last[1]
         else:
-            path = await self._client.save_state(name)
+            with trio.CancelScope(shield=self._shielded):
+                path = await self._client.save_state(name)
             self._last = (step, path)
         ledger = self._ledger
         ledger.read_notes()

@@ -1,172 +1,251 @@
-"""Command-line plumbing shared by the examples: flags, backend, progress bar, Ctrl-C.
+"""Command-line plumbing shared by the examples: flags (tyro), backend, progress, sinks, Ctrl-C.
 
 An example declares its flags as a dataclass deriving from :class:`CommonArgs`
-and ends with::
+(each field is a ``--flag``; its docstring is the help text) and ends with::
 
-    args = parse_args(Args, argv)
-    backend, tokenizer = make_backend(args, alphabet="0123456789+=")
-    ...build the dataset and evaluators from the tokenizer...
-    return run_cli(make_config(args), dataset=dataset, backend=backend, evaluators=evaluators)
+    def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
+        ...build the dataset and evaluators from the tokenizer...
+        return Experiment(dataset, evaluators, curve_keys=("eval/accuracy",))
 
-:func:`run_cli` runs :func:`trio_rl.train` under ``trio.run`` with a progress
-bar on stderr read live from :attr:`RunHandle.metrics`, writes
-``reward_curve.png`` into the run folder, and turns Ctrl-C into a clean stop: the
-run's scope is cancelled, the trainer saves the last completed step
-(``Config.save_on_cancel``), one line says where that checkpoint is, and the
-exit code is 130.
+    def main(argv=None, **defaults) -> int:
+        return run_example(Args, build, argv, alphabet=ALPHABET, description=..., **defaults)
+
+:func:`run_example` parses the flags, builds the :class:`~trio_rl.Config` and checks it,
+and runs :func:`trio_rl.train` under ``trio.run`` (:func:`run_cli`) with a progress bar
+on stderr and the ``--log-to`` sinks, both fed live from :attr:`RunHandle.metrics`.
+It writes ``reward_curve.png`` into the run folder at the end and on Ctrl-C. Ctrl-C is
+a clean stop: the run's scope is cancelled, the trainer saves the last completed step
+(``Config.save_on_cancel``), one line says where that checkpoint is, and the exit code
+is 130. An invalid configuration prints its :class:`ConfigError` and exits with 2,
+whether it is found while parsing, before the run, or inside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import math
+import os
 import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, Any, Literal, Self, TypeVar
 
 import trio
+import tyro
 
 from .backends.protocol import Backend, Tokenizer, TrainingClient
 from .checkpoint import CheckpointLog
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
-from .train import METRICS_FILE, RunHandle, TrainResult, train
+from .kl import KLReferenceConfig
+from .plotting import write_curves
+from .progress import REWARD_KEY, RunProgress
+from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from .sinks import MetricsSink, SinkName, close_sinks, open_sinks
+from .train import RunHandle, TrainResult, train
 from .types import RLDataset
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2
+"""What argparse (and so tyro) exits with for a bad flag; an invalid configuration uses it too."""
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a program stopped by Ctrl-C."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM: a run stopped by ``kill`` (or a job scheduler) ends like one stopped by Ctrl-C."""
+EXIT_ERROR = 1
+"""The run failed: one line per error, the full traceback in ``error.log`` in the run folder."""
+ERROR_LOG = "error.log"
+DEBUG_ENV = "TRIO_RL_DEBUG"
+"""Set to 1 to print the whole traceback of a failed run (like ``--debug``)."""
 
-CURVE_FILE = "reward_curve.png"
-REWARD_KEY = "env/all/reward/total"
+LossFn = Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"]
+"""The losses :data:`trio_rl.config.LOSS_FNS` accepts, as choices of ``--loss-fn``."""
 
 A = TypeVar("A", bound="CommonArgs")
 
 
-def flag(default: Any, help: str) -> Any:
-    """A dataclass field that becomes a ``--flag`` with ``help``."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class CommonArgs:
-    """Flags every example understands; examples subclass it to change defaults and add their own."""
+    """Flags every example understands; examples subclass it to change defaults and add their own.
 
-    log_path: str = flag("runs/example", "run folder: metrics.jsonl, checkpoints, reward_curve.png")
-    mode: str = flag("async", "sync (on-policy), stream (on-policy, minibatches streamed) or async (off-policy)")
-    staleness: str = flag("requeue", "async only: requeue groups more than K steps stale, or pace sampling to never exceed K")
-    max_steps_off_policy: int = flag(1, "async only: K, how many steps stale a trained group may be")
-    num_minibatches: int = flag(2, "stream only: minibatches per step (must divide --groups-per-batch)")
-    groups_per_batch: int = flag(8, "groups (problems) per training step")
-    group_size: int = flag(8, "samples per group; rewards are centred within a group")
-    learning_rate: float = flag(1e-3, "Adam learning rate")
-    adam_beta2: float = flag(0.95, "Adam's second-moment decay")
-    loss_fn: str = flag("importance_sampling", "importance_sampling, ppo, cispo or dro")
-    temperature: float = flag(1.0, "sampling temperature of rollouts")
-    max_tokens: int = flag(16, "most tokens per sampled action")
-    max_steps: int = flag(100, "training steps")
-    eval_every: int = flag(10, "evaluate every N steps (0: only the final weights)")
-    save_every: int = flag(50, "save a resumable checkpoint every N steps (0: only the final state)")
-    seed: int = flag(0, "seed of the data, the initial weights and every rollout")
-    resume: bool = flag(False, "continue from the last checkpoint in --log-path")
-    backend: str = flag("local", "local (torch, in-process) or tinker (the Tinker service)")
-    model: str | None = flag(None, "tinker: the base model to fine-tune (LoRA); local: a label only")
-    base_url: str | None = flag(None, "tinker: service URL (default: TINKER_BASE_URL or the SDK's default)")
-    lora_rank: int = flag(32, "tinker: LoRA rank")
-    d_model: int = flag(64, "local: transformer width")
-    n_layers: int = flag(2, "local: transformer blocks")
-    n_heads: int = flag(4, "local: attention heads")
-    max_seq_len: int = flag(64, "local: longest sequence the model accepts")
-    progress: bool = flag(True, "show a progress bar on stderr")
+    Every :class:`~trio_rl.Config` field has a flag here (``--model`` is ``base_model``;
+    ``--mode`` with the mode's own flags selects ``async_config`` or
+    ``stream_minibatch_config``; ``--error-strategy`` with its flags is ``rollout_error_tolerance``;
+    ``--kl-reference-model`` is ``kl_reference_config``).
+    """
+
+    log_path: str = "runs/example"
+    """run folder: metrics.jsonl, config.json, checkpoints, reward_curve.png"""
+    mode: Literal["sync", "stream", "async"] = "async"
+    """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
+    staleness: Literal["requeue", "pace"] = "requeue"
+    """async only: requeue groups more than K steps stale, or pace sampling so none gets there"""
+    max_steps_off_policy: int = 1
+    """async only: K, how many steps stale a trained group may be"""
+    num_minibatches: int = 2
+    """stream only: minibatches per step (must divide --groups-per-batch)"""
+    groups_per_batch: int = 8
+    """groups (problems) per training step"""
+    group_size: int = 8
+    """samples per group; rewards are centred within a group"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    adam_beta1: float = 0.9
+    """Adam's first-moment decay"""
+    adam_beta2: float = 0.95
+    """Adam's second-moment decay"""
+    adam_eps: float = 1e-8
+    """Adam's epsilon"""
+    weight_decay: float = 0.0
+    """Adam's decoupled weight decay"""
+    grad_clip_norm: float = 0.0
+    """clip the gradient to this global norm (0: no clipping)"""
+    loss_fn: LossFn = "importance_sampling"
+    """the loss sent with forward_backward"""
+    loss_fn_config: dict[str, float] | None = None
+    """loss parameters as NAME VALUE pairs, e.g. clip_low_threshold 0.8 (None: the loss's defaults)"""
+    num_substeps: int = 1
+    """optimizer steps per training step (the batch is split evenly)"""
+    temperature: float = 1.0
+    """sampling temperature of rollouts"""
+    top_k: int = -1
+    """sample from the k most likely tokens only (-1: all)"""
+    top_p: float = 1.0
+    """nucleus sampling: the smallest set of tokens with this much probability (1: all)"""
+    max_tokens: int = 16
+    """most tokens per sampled action"""
+    max_steps: int = 100
+    """training steps"""
+    eval_every: int = 10
+    """evaluate every N steps (0: only the final weights)"""
+    save_every: int = 50
+    """save a resumable checkpoint every N steps (0: only the final state)"""
+    eval_timeout: float = 1800.0
+    """seconds one evaluator may take on one set of weights; a slower one ends the run"""
+    remove_constant_reward_groups: bool = False
+    """drop groups whose rewards are all equal (they carry no advantage)"""
+    kl_penalty_coef: float = 0.0
+    """KL penalty against the reference model, added to the advantages as tinker-cookbook does (0: none)"""
+    kl_discount_factor: float = 0.0
+    """with a KL penalty: sum each token's penalty over the future with this discount (0: none)"""
+    kl_reference_model: str | None = None
+    """with a KL penalty: the reference model (None: the --model being trained, as it started)"""
+    seed: int = 0
+    """seed of the data, the initial weights and every rollout"""
+    num_workers: int | None = None
+    """concurrent rollout workers (None: enough for every group in flight)"""
+    error_strategy: Literal["fail-fast", "retry", "min-viable"] = "fail-fast"
+    """what a failed rollout does: fail the run, retry it, or keep a group with --min-successful rollouts"""
+    max_retries: int = 3
+    """retry and min-viable: retries for the whole group (one budget, as in tinker-cookbook)"""
+    per_rollout_timeout: float | None = None
+    """retry and min-viable: seconds one rollout attempt may take (None: no limit)"""
+    min_successful: int | None = None
+    """min-viable: the fewest successful rollouts that keep a group (None: ceil(0.75 * group size))"""
+    resume: bool = False
+    """continue from the newest checkpoint in --log-path that loads"""
+    overwrite: bool = False
+    """replace the run already in --log-path (without this or --resume, such a folder is refused)"""
+    load_checkpoint_path: str | None = None
+    """start from the weights of this saved state (without its optimizer state)"""
+    save_on_cancel: bool = True
+    """on Ctrl-C, save the state of the last completed step"""
+    cancel_save_timeout: float = 60.0
+    """seconds the save on Ctrl-C may take"""
+    backend: Literal["local", "tinker"] = "local"
+    """local (torch, in-process) or tinker (the Tinker service)"""
+    model: str | None = None
+    """tinker: the base model to fine-tune (LoRA); local: a label only"""
+    base_url: str | None = None
+    """tinker: service URL (None: TINKER_BASE_URL or the SDK's default)"""
+    lora_rank: int = 32
+    """tinker: LoRA rank"""
+    d_model: int = 64
+    """local: transformer width"""
+    n_layers: int = 2
+    """local: transformer blocks"""
+    n_heads: int = 4
+    """local: attention heads"""
+    max_seq_len: int = 64
+    """local: longest sequence the model accepts"""
+    progress: bool = True
+    """show progress on stderr (a bar on a terminal, a line every --progress-every steps elsewhere)"""
+    progress_every: int = 10
+    """steps between progress lines when stderr is not a terminal"""
+    log_to: tuple[SinkName, ...] = ()
+    """also log every metrics.jsonl record to these (extras trio_rl[tensorboard], trio_rl[wandb])"""
+    wandb_project: str = "trio_rl"
+    """wandb: the project"""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """wandb: offline writes the run under --log-path/wandb (upload later with wandb sync); online uploads live"""
+    asyncio_bridge: Literal["auto", "always", "never"] = "auto"
+    """run env and evaluator coroutines that need asyncio on a loop inside the run: decide per call, always, or never"""
+    debug: bool = False
+    """on a failure, print the whole traceback (it is always written to error.log in --log-path)"""
 
 
-# ---------------------------------------------------------------- flags
+# ---------------------------------------------------------------- flags and configuration
 
 
-def parse_args(
-    cls: type[A], argv: Sequence[str] | None = None, *, description: str = "", **defaults: Any
-) -> A:
-    """Build an ``argparse`` parser from the fields of ``cls`` and parse ``argv``.
+def parse_args(cls: type[A], argv: Sequence[str] | None = None, *, description: str = "", **defaults: Any) -> A:
+    """Parse ``argv`` into ``cls`` with tyro: each field is a ``--flag-name``, booleans also get ``--no-flag``.
 
     Args:
-        cls: a dataclass deriving from :class:`CommonArgs`; each field is a
-            ``--flag-name``; booleans get ``--flag``/``--no-flag``.
+        cls: a dataclass deriving from :class:`CommonArgs`.
         argv: the arguments (``None``: ``sys.argv[1:]``).
         description: the ``--help`` header.
-        **defaults: replace field defaults (flags in ``argv`` still win); tests use
-            this to shrink a run.
+        **defaults: replace field defaults (flags in ``argv`` still win, ``--help`` shows
+            them); tests use this to shrink a run.
 
     Returns:
         The parsed arguments as an instance of ``cls``.
+
+    Raises:
+        TypeError: for a default naming no field of ``cls``.
+        SystemExit: code 2 for an invalid flag (after printing why), 0 after ``--help``.
     """
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(defaults) - names
-    if unknown:
-        raise TypeError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
-    for f in dataclasses.fields(cls):
-        default = defaults.get(f.name, f.default)
-        option = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if f.type in (bool, "bool"):
-            parser.add_argument(option, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            parser.add_argument(option, type=_parser_type(f.type, default), default=default, help=help_text)
-    namespace = parser.parse_args(argv)
-    return cls(**vars(namespace))
+    return tyro.cli(cls, args=argv, description=description, default=cls(**defaults))
 
 
-def _parser_type(annotation: Any, default: Any) -> Callable[[str], Any]:
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    for name, kind in (("int", int), ("float", float)):
-        if text.startswith(name):
-            return kind
-    if isinstance(default, bool):
-        raise TypeError("booleans are handled separately")
-    return str
+def _error_strategy(args: CommonArgs) -> ErrorStrategy:
+    try:
+        if args.error_strategy == "retry":
+            return RetryOnFailure(args.max_retries, args.per_rollout_timeout)
+        if args.error_strategy == "min-viable":
+            return MinViableGroup(args.min_successful, args.max_retries, args.per_rollout_timeout)
+    except ValueError as error:
+        raise ConfigError("rollout_error_tolerance", str(error)) from error
+    return FailFast()
 
 
 def make_config(args: CommonArgs, **overrides: Any) -> Config:
-    """The run's :class:`Config` from the common flags; ``overrides`` set any other field.
+    """The run's :class:`Config` from the flags; ``overrides`` set any field directly.
+
+    Flags named like a ``Config`` field are copied; ``--model``, ``--mode`` and
+    ``--error-strategy`` are translated.
 
     Raises:
-        ConfigError: for an unknown ``--mode`` (other fields are checked by :func:`train`).
+        ConfigError: for an unknown mode or invalid error-strategy flags (the rest
+            is checked by :meth:`Config.validate`).
     """
-    async_config = None
-    stream_config = None
+    names = {f.name for f in dataclasses.fields(Config)}
+    values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in names}
+    values["base_model"] = args.model or "trio-rl-tiny"
+    values["rollout_error_tolerance"] = _error_strategy(args)
+    if args.kl_penalty_coef > 0:
+        values["kl_reference_config"] = KLReferenceConfig(args.kl_reference_model or values["base_model"])
     if args.mode == "async":
-        async_config = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)  # type: ignore[arg-type]
+        values["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
     elif args.mode == "stream":
-        stream_config = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
+        values["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
     elif args.mode != "sync":
         raise ConfigError("mode", f"unknown mode {args.mode!r}; use sync, stream or async")
-    values: dict[str, Any] = dict(
-        log_path=args.log_path,
-        base_model=args.model or "trio-rl-tiny",
-        lora_rank=args.lora_rank,
-        learning_rate=args.learning_rate,
-        adam_beta2=args.adam_beta2,
-        loss_fn=args.loss_fn,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        max_steps=args.max_steps,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
-        seed=args.seed,
-        resume=args.resume,
-        async_config=async_config,
-        stream_minibatch_config=stream_config,
-        save_on_cancel=True,
-    )
     values.update(overrides)
     return Config(**values)
 
@@ -185,6 +264,7 @@ class LazyTokenizer:
         self._tokenizer = tokenizer
 
     def bind(self, tokenizer: Tokenizer) -> None:
+        """Make ``tokenizer`` the real one."""
         self._tokenizer = tokenizer
 
     def get(self) -> Tokenizer:
@@ -198,9 +278,11 @@ class LazyTokenizer:
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
         return self.get().encode(text)
 
     def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``."""
         return self.get().decode(tokens)
 
 
@@ -232,7 +314,9 @@ class _BindTokenizer:
         )
 
     async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> TrainingClient:
-        return await self._bound(await self._inner.create_training_client_from_state(path, with_optimizer=with_optimizer))
+        return await self._bound(
+            await self._inner.create_training_client_from_state(path, with_optimizer=with_optimizer)
+        )
 
 
 def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyTokenizer]:
@@ -247,10 +331,14 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
         for ``local``, once the training client exists for ``tinker``.
 
     Raises:
-        ConfigError: for an unknown backend or ``tinker`` without ``--model``.
+        ConfigError: for an unknown backend, ``tinker`` without ``--model``, or
+            ``local`` without the ``local`` extra (torch).
     """
     if args.backend == "local":
-        from .backends.local import CharTokenizer, LocalBackend, ModelConfig
+        try:
+            from .backends.local import CharTokenizer, LocalBackend, ModelConfig
+        except ImportError as error:
+            raise ConfigError("backend", f"local needs torch: pip install 'trio_rl[local]' ({error})") from error
 
         tokenizer = CharTokenizer(alphabet)
         model_config = ModelConfig(
@@ -272,138 +360,80 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
     raise ConfigError("backend", f"unknown backend {args.backend!r}; use local or tinker")
 
 
-# ---------------------------------------------------------------- progress
-
-
-class ProgressBar:
-    """One status line on a terminal (redrawn in place), or a line every few steps elsewhere.
-
-    Shows the step, the mean reward of the step's groups, the latest evaluation,
-    the largest staleness of the step's groups, and throughput.
-    """
-
-    def __init__(
-        self,
-        out: IO[str],
-        total_steps: int | None,
-        eval_keys: Sequence[str] = (),
-        every: int = 10,
-    ) -> None:
-        self.out = out
-        self.total_steps = total_steps
-        self.eval_keys = list(eval_keys)
-        self.tty = out.isatty()
-        self.every = every
-        self.started = time.monotonic()
-        self.tokens = 0
-        self.last_eval: dict[str, float] = {}
-        self.last_line = ""
-
-    def update(self, record: dict[str, Any]) -> None:
-        """Show one metrics record (a training step, or the final one)."""
-        for key in self.eval_keys:
-            if record.get(key) is not None:
-                self.last_eval[key] = record[key]
-        if "progress/groups" not in record:
-            return
-        self.tokens += int(record.get("env/all/total_ac_tokens", 0)) + int(record.get("env/all/total_ob_tokens", 0))
-        elapsed = max(1e-9, time.monotonic() - self.started)
-        step = record["step"] + 1
-        total = f"/{self.total_steps}" if self.total_steps else ""
-        reward = record.get(REWARD_KEY)
-        parts = [
-            f"step {step}{total}",
-            f"reward {reward:.3f}" if isinstance(reward, float) else "reward -",
-        ]
-        parts += [f"{_short(k)} {v:.3f}" for k, v in self.last_eval.items()]
-        parts += [
-            f"stale<={record.get('async/staleness_max', 0)}",
-            f"{record.get('progress/trained_groups', 0) / elapsed:.1f} groups/s",
-            f"{self.tokens / elapsed / 1000:.1f}k tok/s",
-            _clock(elapsed),
-        ]
-        self.last_line = " | ".join(parts)
-        if self.tty:
-            self.out.write("\r\x1b[2K" + self.last_line)
-            self.out.flush()
-        elif step % self.every == 0 or step == self.total_steps:
-            self.out.write(self.last_line + "\n")
-            self.out.flush()
-
-    def close(self) -> None:
-        """End the status line."""
-        if self.tty and self.last_line:
-            self.out.write("\n")
-            self.out.flush()
-
-
-def _short(key: str) -> str:
-    return key.rsplit("/", 1)[-1]
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}:{secs:02d}"
-
-
-# ---------------------------------------------------------------- the curve
-
-
-def write_reward_curve(log_path: Path, extra_keys: Sequence[str] = ()) -> Path | None:
-    """Plot ``env/all/reward/total`` (and ``extra_keys``) from ``metrics.jsonl`` into ``reward_curve.png``.
-
-    Returns:
-        The PNG's path, or None when there is nothing to plot yet.
-    """
-    from .plotting import Series, plot_series
-
-    path = log_path / METRICS_FILE
-    if not path.exists():
-        return None
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    series: list[Series] = []
-    palette = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189)]
-    for index, key in enumerate([REWARD_KEY, *extra_keys]):
-        # A step's record holds the metrics of training step `step` and the
-        # evaluation of the weights after `step` steps; both plot at their own x.
-        if key.startswith("eval/"):
-            points = [(float(r["step"]), float(r[key])) for r in records if isinstance(r.get(key), (int, float))]
-        else:
-            points = [
-                (float(r["step"]), float(r[key]))
-                for r in records
-                if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "progress/groups" in r
-            ]
-        if points:
-            series.append(Series(label=key, points=points, color=palette[index % len(palette)]))
-    if not series:
-        return None
-    out = log_path / CURVE_FILE
-    plot_series(out, series, x_label="step", y_range=(0.0, 1.0))
-    return out
-
-
 # ---------------------------------------------------------------- running
 
 
 @dataclass
 class _Outcome:
     result: TrainResult | None = None
-    interrupted: bool = False
+    stopped_by: int | None = None
+    """The first SIGINT or SIGTERM that stopped the run."""
+    presses: int = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped_by is not None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_TERMINATED if self.stopped_by == signal.SIGTERM else EXIT_INTERRUPTED
 
 
-async def _watch_for_ctrl_c(run_scope: trio.CancelScope, outcome: _Outcome, out: IO[str], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Turn the first SIGINT into a cancel of the run; a second one raises KeyboardInterrupt
-    (the save already under way still runs, bounded by ``Config.cancel_save_timeout``)."""
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_EARLY_SIGNALS: list[int] = []
+"""SIGTERMs that arrived after trio.run began but before the watcher listened (see _hand_signals_to_trio)."""
+
+
+async def _chain(first: list[int], then: trio.abc.ReceiveChannel[int] | Any) -> Any:
+    while first:
+        yield first.pop(0)
+    async for signum in then:
+        yield signum
+
+
+async def _watch_for_stop_signals(
+    run_scope: trio.CancelScope,
+    outcome: _Outcome,
+    out: IO[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Ctrl-C (or SIGTERM) cancels the run, which saves its last completed step; the third quits unsaved.
+
+    The receiver stays open for the whole run, so no press can ever land as a
+    ``KeyboardInterrupt`` inside the shielded save.
+    """
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         task_status.started()
-        async for _ in signals:
-            if outcome.interrupted:
-                raise KeyboardInterrupt
-            outcome.interrupted = True
-            out.write("\ninterrupted: saving the last completed step\n")
+        async for signum in _chain(_EARLY_SIGNALS, signals):
+            outcome.presses += 1
+            if outcome.stopped_by is None:
+                outcome.stopped_by = signum
+                out.write("\ninterrupted: saving the last completed step (press Ctrl-C twice more to quit without saving)\n")
+                run_scope.cancel()
+            elif outcome.presses == 2:
+                out.write("still saving the last completed step; Ctrl-C once more quits without saving\n")
+            else:
+                # Everything on disk is whole: a state being saved is not yet in
+                # checkpoints.jsonl, so a resume takes the checkpoint before it.
+                out.write("quitting without saving; --resume continues from the last recorded checkpoint\n")
+                out.flush()
+                os._exit(outcome.exit_code)
             out.flush()
-            run_scope.cancel()
+
+
+@dataclass
+class _Watchers:
+    """Everything that reads the live records: the progress bar and the sinks."""
+
+    progress: RunProgress | None
+    sinks: Sequence[MetricsSink]
+
+    def show(self, record: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.update(record)
+        for sink in self.sinks:
+            sink.write(record)
 
 
 async def _run(
@@ -411,31 +441,59 @@ async def _run(
     dataset: RLDataset,
     backend: Backend,
     evaluators: Sequence[SamplingClientEvaluator],
-    progress: ProgressBar | None,
+    watchers: _Watchers,
     outcome: _Outcome,
     out: IO[str],
 ) -> None:
     run_scope = trio.CancelScope()
 
     async def train_into_outcome(*, task_status: trio.TaskStatus[RunHandle] = trio.TASK_STATUS_IGNORED) -> None:
-        outcome.result = await train(config, dataset=dataset, backend=backend, evaluators=evaluators, task_status=task_status)
+        outcome.result = await train(
+            config, dataset=dataset, backend=backend, evaluators=evaluators, task_status=task_status
+        )
 
+    handle: RunHandle | None = None
     async with trio.open_nursery() as outer:
-        await outer.start(_watch_for_ctrl_c, run_scope, outcome, out)
+        await outer.start(_watch_for_stop_signals, run_scope, outcome, out)
         # The backend is entered outside the run's scope: a cancelled run still
         # needs the backend's workers to save its last step.
         async with backend:
             with run_scope:
                 async with trio.open_nursery() as run_nursery:
-                    handle: RunHandle = await run_nursery.start(train_into_outcome)
-                    try:
-                        async for record in handle.metrics:
-                            if progress is not None:
-                                progress.update(record)
-                    finally:
-                        if progress is not None:
-                            progress.close()
+                    started: RunHandle = await run_nursery.start(train_into_outcome)
+                    handle = started
+                    async for record in started.metrics:
+                        watchers.show(record)
         outer.cancel_scope.cancel()
+    # A cancelled run still releases its last records when it ends: the sinks get
+    # them too, so they hold what metrics.jsonl holds.
+    while handle is not None:
+        try:
+            watchers.show(handle.metrics.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+
+
+def config_error_leaves(group: BaseExceptionGroup[ConfigError]) -> list[ConfigError]:
+    """The leaves of a (possibly nested) group: a nursery wraps the error of a nested nursery again."""
+    return _distinct_leaves(group)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def _summary(result: TrainResult, elapsed: str, curve_keys: Sequence[str]) -> list[str]:
+    summary = [f"done: {result.final_step} steps in {elapsed}"]
+    steps = result.step_metrics
+    if steps and isinstance(steps[-1].get(REWARD_KEY), float):
+        summary.append(f"last reward {steps[-1][REWARD_KEY]:.3f}")
+    for key in curve_keys:
+        value = result.summary.get(key)
+        if isinstance(value, (int, float)):
+            summary.append(f"final {key} {value:.3f}")
+    return summary
 
 
 def run_cli(
@@ -446,40 +504,72 @@ def run_cli(
     evaluators: Sequence[SamplingClientEvaluator] = (),
     curve_keys: Sequence[str] = (),
     progress: bool = True,
+    progress_every: int = 10,
+    sinks: Sequence[MetricsSink] = (),
     out: IO[str] | None = None,
+    debug: bool = False,
 ) -> int:
-    """Train under ``trio.run`` with a progress bar and clean Ctrl-C; return the exit code.
+    """Train under ``trio.run`` with progress, sinks and a clean Ctrl-C; return the exit code.
 
     Args:
-        config: the run's configuration (``save_on_cancel`` is forced on).
+        config: the run's configuration.
         dataset, backend, evaluators: as for :func:`trio_rl.train`; ``backend`` not yet entered.
-        curve_keys: metrics plotted in ``reward_curve.png`` beside the mean reward.
-        progress: show the progress bar.
+        curve_keys: evaluation metrics shown in the progress and plotted beside the reward.
+        progress: show progress on ``out``; ``progress_every``: steps per line off a terminal.
+        sinks: receive every record of ``metrics.jsonl``, in the same order; closed at the end.
         out: where progress and messages go (default: stderr).
+        debug: print the whole traceback of a failure (also with ``TRIO_RL_DEBUG=1``).
 
     Returns:
-        0 when the run finished, 130 when Ctrl-C stopped it, 2 for an invalid configuration.
+        0 when the run finished, 130 when Ctrl-C stopped it (143 for SIGTERM), 2 for an
+        invalid configuration, 1 when the run failed.
     """
-    out = out if out is not None else sys.stderr
-    if not config.save_on_cancel:
-        config = dataclasses.replace(config, save_on_cancel=True)
+    stream: IO[str] = out if out is not None else sys.stderr
     log_path = Path(config.log_path)
-    bar = ProgressBar(out, config.max_steps, eval_keys=curve_keys) if progress else None
+    bar = RunProgress(stream, config.max_steps, eval_keys=curve_keys, every=progress_every) if progress else None
     outcome = _Outcome()
     started = time.monotonic()
-    config_errors: list[BaseException] = []
+    config_errors: list[ConfigError] = []
+    failures: BaseExceptionGroup[Exception] | None = None
+    _hand_signals_to_trio()
     try:
-        trio.run(_run, config, dataset, backend, evaluators, bar, outcome, out)
+        trio.run(_run, config, dataset, backend, evaluators, _Watchers(bar, sinks), outcome, stream)
     except* KeyboardInterrupt:
-        # Ctrl-C before the watcher was listening, or a second one.
-        outcome.interrupted = True
+        # Ctrl-C before the watcher was listening.
+        outcome.stopped_by = outcome.stopped_by or signal.SIGINT
     except* ConfigError as group:
-        config_errors = list(group.exceptions)
+        config_errors = config_error_leaves(group)
+    except* Exception as group:
+        failures = group
+    finally:
+        _ignore_stop_signals_until_reported()
+        if bar is not None:
+            bar.close()
+        close_sinks(sinks)
+    try:
+        return _report(outcome, config_errors, failures, log_path, curve_keys, started, stream, debug)
+    finally:
+        _restore_stop_signals()
+
+
+def _report(
+    outcome: _Outcome,
+    config_errors: list[ConfigError],
+    failures: BaseExceptionGroup[Exception] | None,
+    log_path: Path,
+    curve_keys: Sequence[str],
+    started: float,
+    stream: IO[str],
+    debug: bool,
+) -> int:
+    """Say how the run ended, in one line (or one per error), and return the exit code."""
     if config_errors:
         for error in config_errors:
-            out.write(f"error: {error}\n")
+            stream.write(f"error: {error}\n")
         return EXIT_CONFIG_ERROR
-    curve = write_reward_curve(log_path, curve_keys)
+    if failures is not None:
+        return _report_failure(failures, log_path, stream, debug or os.environ.get(DEBUG_ENV) == "1")
+    curve = write_curves(log_path, curve_keys)
     checkpoint = CheckpointLog(log_path).last()
     elapsed = _clock(time.monotonic() - started)
     if outcome.interrupted or outcome.result is None:
@@ -488,22 +578,154 @@ def run_cli(
             if checkpoint is not None
             else "no checkpoint was saved"
         )
-        out.write(f"stopped after {elapsed}: {where}\n")
-        out.flush()
-        return EXIT_INTERRUPTED
-    result = outcome.result
-    summary = [f"done: {result.final_step} steps in {elapsed}"]
-    steps = result.step_metrics
-    if steps and isinstance(steps[-1].get(REWARD_KEY), float):
-        summary.append(f"last reward {steps[-1][REWARD_KEY]:.3f}")
-    for key in curve_keys:
-        value = result.summary.get(key)
-        if isinstance(value, (int, float)):
-            summary.append(f"final {key} {value:.3f}")
+        stream.write(f"stopped after {elapsed}: {where}\n")
+        stream.flush()
+        return outcome.exit_code
+    summary = _summary(outcome.result, elapsed, curve_keys)
     if checkpoint is not None:
         summary.append(f"checkpoint {checkpoint.state_path}")
     if curve is not None:
         summary.append(f"curve {curve}")
-    out.write("; ".join(summary) + "\n")
-    out.flush()
+    stream.write("; ".join(summary) + "\n")
+    stream.flush()
     return EXIT_OK
+
+
+def exit_quietly_on_stop_signals() -> None:
+    """Until the run starts, make Ctrl-C exit with 130 and SIGTERM with 143, without a traceback.
+
+    Call it first thing in a script, before the slow imports (torch takes seconds);
+    :func:`run_cli` takes the signals over for the run itself.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(EXIT_INTERRUPTED))
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(EXIT_TERMINATED))
+
+
+def _hand_signals_to_trio() -> None:
+    # Trio turns SIGINT into a KeyboardInterrupt at a safe point only when it
+    # finds Python's default handler; a SIGTERM that lands before the watcher
+    # listens must not raise inside Trio's scheduler, so it is only noted.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _EARLY_SIGNALS.append(signum))
+
+
+def _ignore_stop_signals_until_reported() -> None:
+    # After the run the save is done (or abandoned); what is left takes a moment
+    # (the curve, one line), and a press now must not cut that line off.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _EARLY_SIGNALS.clear()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _restore_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _report_failure(failures: BaseExceptionGroup[Exception], log_path: Path, stream: IO[str], debug: bool) -> int:
+    """One line per distinct error, the traceback written to ``error.log``; return :data:`EXIT_ERROR`."""
+    text = "".join(traceback.format_exception(failures))
+    log = log_path / ERROR_LOG
+    try:
+        log.write_text(text)
+        where = f"full traceback in {log}"
+    except OSError:
+        where = "the traceback could not be written; rerun with --debug to see it"
+    for error in _distinct_leaves(failures):
+        stream.write(f"error: {type(error).__name__}: {error}\n")
+    stream.write(f"{where}\n")
+    if debug:
+        stream.write(text)
+    stream.flush()
+    return EXIT_ERROR
+
+
+E = TypeVar("E", bound=Exception)
+
+
+def _distinct_leaves(group: BaseExceptionGroup[E]) -> list[E]:
+    """The leaves of a (possibly nested) group, each exception object once."""
+    leaves: list[E] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            leaves += _distinct_leaves(error)  # pyright: ignore[reportUnknownArgumentType]
+        elif not any(error is seen for seen in leaves):
+            leaves.append(error)
+    return leaves
+
+
+@dataclass
+class Experiment:
+    """What an example builds from its flags: the data, the evaluators, and what to plot.
+
+    Attributes:
+        dataset: the run's dataset.
+        evaluators: evaluators of the weights.
+        curve_keys: evaluation metrics to show in the progress and plot beside the reward.
+        config_overrides: :class:`Config` fields the example sets itself.
+    """
+
+    dataset: RLDataset
+    evaluators: Sequence[SamplingClientEvaluator] = ()
+    curve_keys: Sequence[str] = ()
+    config_overrides: dict[str, Any] = field(default_factory=lambda: {})
+
+
+def run_example(
+    cls: type[A],
+    build: Callable[[A, LazyTokenizer], Experiment],
+    argv: Sequence[str] | None = None,
+    *,
+    alphabet: str,
+    description: str = "",
+    out: IO[str] | None = None,
+    **defaults: Any,
+) -> int:
+    """An example's ``main``: flags, backend, ``build``, a checked config, then :func:`run_cli`.
+
+    Args:
+        cls: the example's flags.
+        build: makes the example's :class:`Experiment` from the flags and the tokenizer.
+        argv, description, defaults: as for :func:`parse_args`.
+        alphabet: the local backend's characters.
+        out: where messages go (default: stderr).
+
+    Returns:
+        The exit code: 0 done, 2 invalid configuration (its message printed), 130 Ctrl-C.
+    """
+    stream: IO[str] = out if out is not None else sys.stderr
+    args = parse_args(cls, argv, description=description, **defaults)
+    try:
+        backend, tokenizer = make_backend(args, alphabet=alphabet)
+        experiment = build(args, tokenizer)
+        config = make_config(args, **experiment.config_overrides)
+        # Fail before any work (or a sink's run) starts; dataset-dependent checks come from train().
+        config.validate()
+        sinks = open_sinks(
+            args.log_to,
+            Path(config.log_path),
+            config=config.to_json(),
+            wandb_project=args.wandb_project,
+            wandb_mode=args.wandb_mode,
+        )
+    except ConfigError as error:
+        stream.write(f"error: {error}\n")
+        return EXIT_CONFIG_ERROR
+    return run_cli(
+        config,
+        dataset=experiment.dataset,
+        backend=backend,
+        evaluators=experiment.evaluators,
+        curve_keys=experiment.curve_keys,
+        progress=args.progress,
+        progress_every=args.progress_every,
+        sinks=sinks,
+        out=stream,
+        debug=args.debug,
+    )

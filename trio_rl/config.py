@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from tinker import types as tinker_types
 
+from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
 from .kl import KLReferenceConfig
-from .rollouts import ErrorStrategy, rollout_strategy_from_config
+from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure, rollout_strategy_from_config
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
 LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnType) if name != "custom")
@@ -111,13 +112,22 @@ class Config:
             tolerance is skipped and counted (``rollout_errors/...``).
         stream_minibatch_config, async_config: select the mode (neither: sync on-policy).
         load_checkpoint_path: resume from this ``save_state`` path (see also ``resume``).
-        resume: resume from the last checkpoint recorded in ``log_path`` if there is one.
+        resume: resume from the newest checkpoint recorded in ``log_path`` that loads, if
+            there is one; without it (or ``overwrite``), a ``log_path`` that already
+            holds a run is refused before any work.
+        overwrite: replace the run that ``log_path`` holds (its metrics, checkpoint log
+            and config; a backend's own files there are left alone).
         save_on_cancel: when the run is cancelled (Ctrl-C in the examples), save the
             state of the last completed step, waiting at most ``cancel_save_timeout`` s.
             A step that had already submitted work when the cancel came is completed
             first (its requests cannot be taken back), so the state and its record agree.
         eval_timeout: seconds one evaluator may take on one set of weights; a slower
             one ends the run with :class:`~trio_rl.errors.EvaluationTimeoutError`.
+        asyncio_bridge: how coroutines of envs, builders and evaluators are run
+            (see :mod:`trio_rl.asyncio_bridge`): ``"auto"`` decides per call from
+            the defining module's imports (asyncio, aiohttp, tinker_cookbook) or a ``runs_on`` mark, ``"always"`` runs every one
+            on the run's asyncio loop (tinker-cookbook code), ``"never"`` runs
+            them as plain Trio coroutines and opens no loop (the fastest).
     """
 
     log_path: Path | str
@@ -150,9 +160,11 @@ class Config:
     async_config: AsyncConfig | None = None
     load_checkpoint_path: str | None = None
     resume: bool = False
+    overwrite: bool = False
     save_on_cancel: bool = False
     cancel_save_timeout: float = 60.0
     eval_timeout: float = 1800.0
+    asyncio_bridge: BridgeMode = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_path", Path(self.log_path))
@@ -203,8 +215,12 @@ class Config:
             max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
         )
 
+    def __hash__(self) -> int:
+        # The generated hash would fail on ``loss_fn_config`` (a dict); hash its items instead.
+        return hash(tuple(_hashable(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able view, written beside the metrics for the record."""
+        """A JSON-able view, written beside the metrics as ``config.json``; :meth:`from_json` reads it back."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -214,6 +230,20 @@ class Config:
                 value = str(value)
             out[f.name] = value
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Config:
+        """The configuration :meth:`to_json` wrote: nested parts become their dataclasses again.
+
+        Raises:
+            ConfigError: for an unknown field or a nested part of unknown type.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a Config field (known: {', '.join(sorted(names))})")
+        values = {key: _from_json_value(key, value) for key, value in data.items()}
+        return cls(**values)
 
     def validate(self, dataset_batch_size: int | None = None) -> None:
         """Reject an invalid configuration, naming the field and the fix.
@@ -229,8 +259,17 @@ class Config:
             raise ConfigError("loss_fn", f"unknown loss {self.loss_fn!r}; use one of {', '.join(LOSS_FNS)}")
         _positive("learning_rate", self.learning_rate, "a positive float such as 1e-4")
         _positive("max_tokens", self.max_tokens, "a positive token count")
-        if self.temperature < 0:
-            raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
+        _non_negative("temperature", self.temperature, "0 samples greedily")
+        _in_range("top_p", self.top_p, 0.0, 1.0, "(0, 1]; 1 disables nucleus sampling", low_open=True)
+        if not (self.top_k == -1 or self.top_k >= 1):
+            raise ConfigError("top_k", f"must be -1 (disabled) or >= 1, got {self.top_k}")
+        _positive("lora_rank", self.lora_rank, "a positive rank such as 32")
+        _in_range("adam_beta1", self.adam_beta1, 0.0, 1.0, "[0, 1), such as 0.9", high_open=True)
+        _in_range("adam_beta2", self.adam_beta2, 0.0, 1.0, "[0, 1), such as 0.95", high_open=True)
+        _positive("adam_eps", self.adam_eps, "a small positive float such as 1e-8")
+        _non_negative("weight_decay", self.weight_decay, "0 disables it")
+        _non_negative("grad_clip_norm", self.grad_clip_norm, "0 disables clipping")
+        _positive("cancel_save_timeout", self.cancel_save_timeout, "seconds, such as 60")
         _positive("num_substeps", self.num_substeps, "1 or more")
         _positive("eval_timeout", self.eval_timeout, "seconds, such as 1800")
         _non_negative("eval_every", self.eval_every, "0 disables periodic evaluation")
@@ -262,8 +301,39 @@ class Config:
             self.stream_minibatch_config.validate(self.num_substeps, dataset_batch_size)
         if self.async_config is None and self.stream_minibatch_config is None and dataset_batch_size is not None:
             _divides("dataset batch size", dataset_batch_size, "num_substeps", self.num_substeps)
+        if self.asyncio_bridge not in BRIDGE_MODES:
+            raise ConfigError(
+                "asyncio_bridge", f"use one of {', '.join(map(repr, BRIDGE_MODES))}, not {self.asyncio_bridge!r}"
+            )
         if self.load_checkpoint_path is not None and self.resume:
             raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
+
+
+_JSON_TYPES: dict[str, type[Any]] = {
+    t.__name__: t
+    for t in (AsyncConfig, StreamMinibatchConfig, FailFast, RetryOnFailure, MinViableGroup, KLReferenceConfig)
+}
+"""The nested dataclasses :meth:`Config.to_json` may write, by the ``type`` it records."""
+
+
+def _from_json_value(name: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    fields = dict(cast(dict[str, Any], value))
+    if "type" in fields:
+        type_name = str(fields.pop("type"))
+        if type_name not in _JSON_TYPES:
+            raise ConfigError(name, f"unknown type {type_name!r}; expected one of {', '.join(_JSON_TYPES)}")
+        return _JSON_TYPES[type_name](**fields)
+    return fields
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted(cast(dict[str, Any], value).items()))
+    return value
 
 
 def _positive(name: str, value: float, fix: str) -> None:
@@ -272,8 +342,17 @@ def _positive(name: str, value: float, fix: str) -> None:
 
 
 def _non_negative(name: str, value: float, fix: str) -> None:
-    if value < 0:
+    if not value >= 0:  # also rejects NaN
         raise ConfigError(name, f"must be >= 0, got {value} ({fix})")
+
+
+def _in_range(
+    name: str, value: float, low: float, high: float, fix: str, *, low_open: bool = False, high_open: bool = False
+) -> None:
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):  # also rejects NaN
+        raise ConfigError(name, f"must be in {fix}, got {value}")
 
 
 def _divides(name: str, value: int, divisor_name: str, divisor: int) -> None:

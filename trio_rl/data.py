@@ -9,12 +9,9 @@ from typing import Any, TypeVar
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .types import TokensWithLogprobs, Trajectory, TrajectoryGroup
+from .types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
-
-PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
-"""A transition whose ``metrics`` set this to 1 (tinker-cookbook's key) trains nothing: its action tokens get mask 0."""
 
 PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
 """Losses that read a Datum's provenance (which sampled sequence each token came from)."""
@@ -73,6 +70,8 @@ class _Sequence:
             self.spans.append(compat.sampled_span(action.sequence_id, length=len(action.tokens)))
 
     def extend_action(self, action: TokensWithLogprobs, advantage: float, masked: bool, turn: int) -> None:
+        if not action.tokens:
+            return  # an initial-observation overflow: nothing was sampled
         if action.maybe_logprobs is None:
             # Zeros would silently turn every importance ratio into exp(logprob):
             # the cookbook raises, and so do we.
@@ -134,6 +133,7 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
         current.note_provenance(new_ob, transition.ac)
+        # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
         masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
         current.extend_action(transition.ac, advantage, masked, turn)
     if len(current.tokens) > 1:

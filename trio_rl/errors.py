@@ -53,3 +53,39 @@ class EvaluationTimeoutError(TimeoutError):
         self.evaluator = evaluator
         self.step = step
         self.seconds = seconds
+
+
+class NonFiniteError(FloatingPointError):
+    """A reward, advantage or loss that is NaN or infinite; nothing is trained on it.
+
+    The message names the group (or the step) where it appeared.
+    """
+
+
+def one_per_fault(group: BaseExceptionGroup[BaseException]) -> BaseExceptionGroup[BaseException]:
+    """``group`` with every exception object kept once.
+
+    One fault shared by many waiters (a sampler or training thread that died
+    under forty pending requests) reaches each of them as the same exception
+    object; it is one error, and is reported once. Distinct exceptions, even
+    with equal messages, are all kept.
+    """
+    seen: set[int] = set()
+
+    def first_sighting(exc: BaseException) -> bool:
+        if isinstance(exc, BaseExceptionGroup):
+            return False  # look inside
+        if id(exc) in seen:
+            return False
+        seen.add(id(exc))
+        return True
+
+    kept = group.subgroup(first_sighting)
+    assert kept is not None, "a group always keeps its first leaf"
+    return group if _leaves(kept) == _leaves(group) else kept
+
+
+def _leaves(exc: BaseException) -> int:
+    if isinstance(exc, BaseExceptionGroup):
+        return sum(_leaves(inner) for inner in exc.exceptions)
+    return 1

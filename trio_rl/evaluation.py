@@ -7,6 +7,7 @@ from typing import Protocol
 
 import trio
 
+from .asyncio_bridge import call_evaluator
 from .backends.protocol import SamplingClient
 from .errors import EvaluationTimeoutError
 from .types import Metrics
@@ -38,7 +39,7 @@ async def evaluate(
     started = time.perf_counter()
     for evaluator in evaluators:
         with trio.move_on_after(timeout) as scope:
-            results.update(await evaluator(client))
+            results.update(await call_evaluator(evaluator, client))
         if scope.cancelled_caught:
             raise EvaluationTimeoutError(evaluator_name(evaluator), step, timeout)
     results["time/run_evals"] = time.perf_counter() - started

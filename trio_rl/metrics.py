@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from typing import Any
 
 import trio
 
+from .sinks import JsonlSink
 from .types import Metrics, TrajectoryGroup
 
 GOOD_REWARD_THRESHOLD = 0.5
@@ -86,20 +86,13 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
         raise ValueError(f"{len(groups)} groups but {len(tags)} tag lists")
     out = _metrics_for("env/all", groups)
     by_tag: dict[str, list[TrajectoryGroup]] = defaultdict(list)
-    for group, group_tags in zip(groups, tags):
+    for group, group_tags in zip(groups, tags, strict=True):
         for tag in group_tags:
             by_tag[tag].append(group)
     if any(len(tagged) < len(groups) for tagged in by_tag.values()):
         for tag in sorted(by_tag):
             out.update(_metrics_for(f"env/{tag}", by_tag[tag]))
     return out
-
-
-def _json_value(value: Any) -> Any:
-    # JSON has no NaN; null keeps the line valid for strict readers.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class MetricsLog:
@@ -109,28 +102,45 @@ class MetricsLog:
     record is written when the evaluation ends, as a line of its own under the
     step whose weights it evaluated. So a slow evaluation never holds back the
     training records, and every line says which weights it describes.
+
+    Nothing is kept in memory: a long run's records live in the file. The live
+    channel exists only for a run that has a reader (``nursery.start``), and holds
+    at most ``live_buffer`` records a slow reader has not taken yet; records past
+    that are not mirrored (they are still in the file) and are counted in
+    :attr:`live_dropped`.
+
+    Args:
+        path: the ``metrics.jsonl`` to append to.
+        live_buffer: records the live channel may hold; 0 for no live channel.
     """
 
-    def __init__(self, path: Path | None) -> None:
-        self._file = path.open("a") if path is not None else None
-        self.records: list[dict[str, Any]] = []
-        """Every record written, in the order written."""
-        self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](math.inf)
+    def __init__(self, path: Path | None, *, live_buffer: int = 0) -> None:
+        self._jsonl = JsonlSink(path) if path is not None else None
+        self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](live_buffer)
+        self._mirror = live_buffer > 0
+        self.live_dropped = 0
+        """Records not mirrored on the live channel because its reader fell behind."""
+        self.last_final: dict[str, Any] | None = None
+        """The newest end-of-run record written (the one with ``run/final_step``)."""
 
     def write(self, step: int, metrics: Metrics) -> None:
         """Write a record of ``metrics`` under ``step``."""
         record: dict[str, Any] = {"step": step, **metrics}
-        self.records.append(record)
-        if self._file is not None:
-            self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
-            self._file.flush()
-        self._live_send.send_nowait(record)
+        if "run/final_step" in record:
+            self.last_final = record
+        if self._jsonl is not None:
+            self._jsonl.write(record)
+        if self._mirror:
+            try:
+                self._live_send.send_nowait(record)
+            except (trio.WouldBlock, trio.BrokenResourceError):
+                self.live_dropped += 1
 
     def close(self) -> None:
         """Close the file and end the live channel."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
         self._live_send.close()
 
 

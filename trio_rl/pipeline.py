@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from .checkpoint import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .data import assemble_training_data
 from .determinism import derive_seed, settle
 from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
+from .errors import NonFiniteError
 from .gate import ConsumptionGate
 from .kl import reference_logprob_diffs
 from .ledger import DataLedger
@@ -159,7 +160,9 @@ async def run_pipeline(
             planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
             runner=runner,
             ledger=ledger,
-            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger, weights),
+            checkpoints=CheckpointKeeper(
+                checkpoint_log, training_client, ledger, weights, shielded=trainer.save_on_cancel
+            ),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
             metrics=metrics,
@@ -179,6 +182,32 @@ async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> N
     except trio.BrokenResourceError:
         await trio.lowlevel.checkpoint()
         raise
+
+
+@contextmanager
+def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Iterator[None]:
+    """Close ``channels`` when the block ends or is cancelled, but not when it raises.
+
+    Closing is how the end of data travels downstream. A stage that crashed has
+    not reached the end of its data: its channels stay open, so the stage
+    downstream waits until the crash's cancellation reaches it instead of
+    mistaking the crash for the end of data (and, say, training a partial step
+    and saving it as final).
+    """
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        _close_all(channels)
+        raise
+    else:
+        _close_all(channels)
+
+
+def _close_all(channels: Sequence[trio.abc.AsyncResource]) -> None:
+    for channel in channels:
+        channel.close()  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- dataloader
@@ -287,7 +316,7 @@ async def dataloader(
                 break
         return taken
 
-    with pool, notes, requeue if requeue is not None else nullcontext():
+    with pool.closed_unless_crashed(), closed_unless_crashed(notes), requeue if requeue is not None else nullcontext():
         for entry in items:
             if isinstance(entry, ItemKey):
                 notes.send_nowait(Handout(None, entry))
@@ -366,14 +395,9 @@ class WorkerPool:
             )
         await send_downstream(self._items_send, item)
 
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # The workers hold clones; these originals only served to make them.
-        self._items_send.close()
-        self._items_recv.close()
-        self._groups_send.close()
+    def closed_unless_crashed(self) -> AbstractContextManager[None]:
+        """Close the pool's channel ends (the workers hold clones of them) when the dataloader is done."""
+        return closed_unless_crashed(self._items_send, self._items_recv, self._groups_send)
 
 
 # ---------------------------------------------------------------- rollouts
@@ -386,7 +410,7 @@ async def rollout_worker(
     weights: LatestWeights,
 ) -> None:
     """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
-    with items, groups:
+    with closed_unless_crashed(items, groups):
         async for item in items:
             await send_downstream(groups, await run_work_item(item, settings, weights))
 
@@ -407,6 +431,8 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     if isinstance(rolled, AbandonedGroup):
         return rolled
     version, group = rolled
+    # Outside the try: a non-finite reward ends the run under every strategy.
+    _check_finite_rewards(item, version, group.get_total_rewards())
     # Advantages are centred within the group, so its data can be built here,
     # while other groups are still sampling, instead of on the trainer's path.
     data = assemble_training_data([group], settings.loss_fn)
@@ -438,6 +464,16 @@ async def _roll_out(
     if stale.cancelled_caught:
         return AbandonedGroup(item, version)
     return version, group
+
+
+def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:
+    bad = [(i, r) for i, r in enumerate(rewards) if not math.isfinite(r)]
+    if bad:
+        index, reward = bad[0]
+        raise NonFiniteError(
+            f"group {item.key.group} of dataset batch {item.key.batch} (sampled from the weights of step {version}) "
+            f"has a non-finite total reward {reward} for trajectory {index}; nothing was trained on it"
+        )
 
 
 # ---------------------------------------------------------------- trainer
@@ -555,6 +591,9 @@ class Trainer:
             discarded_tokens=c.discarded_tokens + discarded,
         )
         metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
+        if not math.isfinite(metrics["train/loss:sum"]):
+            # Checked before anything is recorded or saved: the state is unusable.
+            raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")
         if self._settings.learning_rate is not None:
             metrics.setdefault("optim/lr", self._settings.learning_rate)
         metrics["time/total"] = time.perf_counter() - self._started

@@ -17,11 +17,17 @@ These are tinker-cookbook 0.6.1's strategies with its names, defaults and
 meanings (``Config.rollout_error_tolerance``). A group that fails under a
 retrying strategy is skipped and counted by the run; under ``FailFast`` the run
 ends. Every failed attempt is recorded as a :class:`RolloutError` on its group.
+
+Every coroutine method of a user object (env, builder) is called through
+:func:`trio_rl.asyncio_bridge.call_user`, so asyncio-flavoured envs (the
+cookbook's) run on the run's asyncio loop and Trio ones run natively.
 """
 
 from __future__ import annotations
 
 import itertools
+import functools
+import inspect
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -32,12 +38,16 @@ import outcome
 import trio
 from tinker import types as tinker_types
 
+from .asyncio_bridge import call_user, current_runner
+from . import _tinker_compat as compat
 from .backends.protocol import SamplingClient
 from .errors import GroupFailedError
 from .determinism import derive_seed
 from .types import (
+    ActionExtra,
     Env,
     EnvGroupBuilder,
+    InitialObservationOverflow,
     Observation,
     RolloutError,
     StopCondition,
@@ -45,6 +55,7 @@ from .types import (
     Trajectory,
     TrajectoryGroup,
     Transition,
+    stop_reason_from_metrics,
 )
 
 CLEANUP_TIMEOUT_S = 30.0
@@ -80,6 +91,7 @@ class SamplingPolicy:
         return TokensWithLogprobs(
             tokens=list(sequence.tokens),
             maybe_logprobs=sequence.logprobs,
+            stop_reason=sequence.stop_reason,
             sequence_id=getattr(sequence, "sequence_id", None),
         )
 
@@ -88,16 +100,78 @@ PolicyFactory = Callable[[int, int], TokenPolicy]
 """``(env_index, attempt) -> policy``: a fresh policy for each rollout attempt."""
 
 
+@functools.cache
+def _step_takes_extra(step: Callable[..., object]) -> bool:
+    """Whether an ``Env.step`` implementation accepts ``extra=`` (cookbook envs do; older trio_rl envs may not)."""
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "extra" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _overflow_trajectory(overflow: InitialObservationOverflow) -> Trajectory:
+    """The trajectory of a rollout whose env returned ``overflow`` (read by field name)."""
+    # As in the cookbook: one synthetic, empty transition carrying the overflow's
+    # reward; it yields no training tokens but counts in the group's mean.
+    empty = compat.model_input_from_ints([])
+    transition = Transition(
+        ob=empty,
+        ac=TokensWithLogprobs(tokens=[], maybe_logprobs=[]),
+        reward=overflow.reward,
+        episode_done=True,
+        metrics=dict(getattr(overflow, "metrics", {})),
+        logs=dict(getattr(overflow, "logs", {})),
+    )
+    return Trajectory([transition], final_ob=empty, stop_reason=stop_reason_from_metrics(transition.metrics))
+
+
+def is_initial_overflow(trajectory: Trajectory) -> bool:
+    """Whether ``trajectory`` ended at once because its prompt overflowed (see :class:`InitialObservationOverflow`)."""
+    return (
+        len(trajectory.transitions) == 1
+        and not trajectory.transitions[0].ac.tokens
+        and trajectory.transitions[0].ob.length == 0
+    )
+
+
 async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
-    """Run one episode of ``env`` under ``policy``."""
-    ob, stop = await env.initial_observation()
+    """Run one episode of ``env`` under ``policy``.
+
+    ``step`` gets the sampler's stop reason in ``extra`` (when it accepts
+    ``extra``); an env returning :class:`InitialObservationOverflow` ends at once
+    without sampling; the final transition's ``stop/<reason>`` metric becomes
+    :attr:`Trajectory.stop_reason`.
+    """
+    runner = current_runner()
+    initial = await runner.call(env.initial_observation)
+    # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
+    if not isinstance(initial, tuple):
+        if not hasattr(initial, "reward"):
+            raise TypeError(
+                f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
+                "expected (observation, stop_condition) or InitialObservationOverflow"
+            )
+        return _overflow_trajectory(initial)
+    ob, stop = initial
+    takes_extra = _step_takes_extra(type(env).step)
+    step = runner.bind(env.step)
     transitions: list[Transition] = []
     while True:
         action = await policy(ob, stop)
-        result = await env.step(action.tokens)
-        transitions.append(Transition(ob, action, result.reward, result.episode_done, result.metrics))
+        if takes_extra:
+            result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
+        else:
+            result = await step(action.tokens)
+        # Results are read by field name: a cookbook env returns the cookbook's StepResult.
+        transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {}))
+        transitions.append(transition)
         if result.episode_done:
-            return Trajectory(transitions=transitions, final_ob=result.next_observation)
+            return Trajectory(
+                transitions=transitions,
+                final_ob=result.next_observation,
+                stop_reason=stop_reason_from_metrics(transition.metrics),
+            )
         ob, stop = result.next_observation, result.next_stop_condition
 
 
@@ -245,10 +319,10 @@ def builds_single_envs(builder: EnvGroupBuilder) -> bool:
 
 async def _fresh_env(builder: EnvGroupBuilder, index: int) -> Env:
     if builds_single_envs(builder):
-        return await builder.make_env(index)
+        return await call_user(builder.make_env, index)
     # The cookbook's path: build a group, use one env of it; the builder's
     # cleanup releases the rest with the group.
-    group = await builder.make_envs()
+    group = await call_user(builder.make_envs)
     return group[index] if index < len(group) else group[0]
 
 
@@ -277,9 +351,11 @@ async def _attempt(policy: TokenPolicy, env: Env, index: int, attempt: int, time
             # caught by it and anything else keeps propagating.
             captured.unwrap()
     if scope.cancelled_caught:
-        return RolloutError(index, attempt, TimeoutError(f"rollout exceeded {timeout} s"), timed_out=True)
+        return RolloutError.from_exception(
+            TimeoutError(f"rollout exceeded {timeout} s"), env_index=index, attempt=attempt, timed_out=True
+        )
     if isinstance(captured, outcome.Error):
-        return RolloutError(index, attempt, captured.error)
+        return RolloutError.from_exception(captured.error, env_index=index, attempt=attempt)
     assert captured is not None
     return captured.value
 
@@ -338,7 +414,10 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncIterator[Sequence[Env]]:
     leaves of one group.
     """
     try:
-        yield await builder.make_envs()
+        envs = await call_user(builder.make_envs)
+        if not envs:
+            raise ValueError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
+        yield envs
     except Exception as failure:
         cleanup_failure = await _cleanup(builder)
         if cleanup_failure is not None:
@@ -363,7 +442,7 @@ async def _cleanup(builder: EnvGroupBuilder) -> Exception | None:
     """Run ``builder.cleanup()`` shielded and bounded; return its exception instead of raising it."""
     with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
         try:
-            await builder.cleanup()
+            await call_user(builder.cleanup)
         except Exception as exc:
             return exc
     return None
@@ -377,7 +456,7 @@ async def rollout_group(
 ) -> TrajectoryGroup:
     """Roll out already-made ``envs`` with ``strategy`` and compute group rewards."""
     rollout = await strategy.run(builder, envs, policy_for)
-    rewards_and_metrics = await builder.compute_group_rewards(rollout.trajectories, rollout.envs)
+    rewards_and_metrics = await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs)
     if len(rewards_and_metrics) != len(rollout.trajectories):
         raise ValueError(
             f"{type(builder).__name__}.compute_group_rewards returned {len(rewards_and_metrics)} "

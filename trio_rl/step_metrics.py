@@ -13,6 +13,7 @@ from tinker import types as tinker_types
 from .data import MASK_KEY
 
 from .metrics import trajectory_metrics
+from .rollouts import is_initial_overflow
 from .types import Metrics
 from .work import FinishedGroup
 
@@ -69,6 +70,7 @@ def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: i
         # Smaller than the run's batch size: the end of data, a short dataset batch, or skipped groups.
         "progress/partial_batch": int(len(groups) < groups_per_step),
         "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
+        "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
     }
     if not groups:
         return metrics

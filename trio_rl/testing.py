@@ -63,7 +63,7 @@ class FakeTokenizer:
 
 
 def _fake_group_key(datum: tinker_types.Datum) -> tuple[int, int]:
-    """The (batch % 7, group % 5) a fake env wrote into the first two prompt tokens."""
+    """The (batch, group) a fake env wrote into the first two prompt tokens."""
     tokens = datum.model_input.to_ints()
     return (tokens[0] - 1, tokens[1] - 2)
 
@@ -176,7 +176,7 @@ class FakeTrainingClient:
     async def save_state(self, name: str) -> str:
         backend = self._backend
         backend._record("save_state", self.version, name=name)
-        await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))
+        await trio.sleep_until(self._schedule(_latency(backend.state_latency, name)))
         path = f"fake://state/{name}"
         backend.states[path] = self.version
         return path
@@ -200,6 +200,7 @@ class FakeBackend:
         seed: makes every sampled token reproducible.
         sample_latency, train_latency, optim_latency, save_latency: seconds per
             call, or a function of the request returning seconds.
+        state_latency: seconds per ``save_state`` (default: ``save_latency``).
         vocab_size: sampled token ids lie in ``range(vocab_size)``.
 
     Attributes:
@@ -215,6 +216,7 @@ class FakeBackend:
         train_latency: Latency = 0.0,
         optim_latency: Latency = 0.0,
         save_latency: Latency = 0.0,
+        state_latency: Latency | None = None,
         vocab_size: int = 32,
         record_calls: bool = True,
     ) -> None:
@@ -223,6 +225,7 @@ class FakeBackend:
         self.train_latency = train_latency
         self.optim_latency = optim_latency
         self.save_latency = save_latency
+        self.state_latency = save_latency if state_latency is None else state_latency
         self.vocab_size = vocab_size
         self.record_calls = record_calls
         self.calls: list[FakeCall] = []
@@ -314,7 +317,7 @@ class FakeEnv(Env):
         self.spec = spec
         self.attempt = attempt
         self.turn = 0
-        self.tokens = [1 + key[0] % 7, 2 + key[1] % 5, 3 + index]
+        self.tokens = [1 + key[0], 2 + key[1], 3 + index]
         self.log = log
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:

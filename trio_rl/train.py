@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from .asyncio_bridge import open_user_code_runner
 from .backends.protocol import Backend, check_loss_before_work
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, one_per_fault
 from .evaluation import SamplingClientEvaluator
+from .jsonl import read_records
 from .metrics import MetricsLog, merge_by_step
+from . import run_folder
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
 from .schedule import Schedule
 from .step_metrics import TokenCounts
 from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
-from .work import ItemKey
-
-METRICS_FILE = "metrics.jsonl"
-
 
 @dataclass
 class RunHandle:
@@ -34,8 +34,9 @@ class RunHandle:
     Attributes:
         metrics: every record as it is written to ``metrics.jsonl`` (a step's
             training record when the step ends, an evaluation's record when it
-            ends); the channel ends when the run ends. Records nobody reads
-            accumulate (one small dict per record).
+            ends); the channel ends when the run ends. It holds at most
+            :data:`LIVE_BUFFER` records not yet read; a reader that falls further
+            behind misses records (they are still in ``metrics.jsonl``).
         log_path: the run's folder.
     """
 
@@ -49,48 +50,62 @@ class RunHandle:
         return self._weights.version
 
 
+LIVE_BUFFER = 10_000
+"""Records :attr:`RunHandle.metrics` holds for a reader that has not taken them yet."""
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What a finished run returns.
 
     Attributes:
-        metrics: one dict per step, in step order, merging that step's records of
-            ``metrics.jsonl``: its training metrics and the evaluation of its
-            weights; the last one is the final weights' (``run/...`` accounting of
-            every group, and the final evaluation if there are evaluators).
         final_step: training steps completed (the version of the final weights).
         stopped_by_max_steps: whether ``max_steps`` ended the run rather than the data.
         checkpoint: the final checkpoint.
         trained_groups: groups that went into a training step.
         dropped_groups: groups dropped as too stale after the data ran out.
         cancelled_groups: groups handed out but never trained (rollouts cancelled at ``max_steps``).
+        summary: the final-weights record: where every group went.
+        metrics_path: the run's ``metrics.jsonl``.
+        first_step: the step this run (or, when resumed, this part of it) started at.
     """
 
-    metrics: list[dict[str, Any]]
     final_step: int
     stopped_by_max_steps: bool
     checkpoint: CheckpointRecord | None
     trained_groups: int
     dropped_groups: int
     cancelled_groups: int
+    summary: dict[str, Any]
+    metrics_path: Path
+    first_step: int
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """This run's records, read back from ``metrics.jsonl``: one dict per step, in step order.
+
+        Each merges the step's training metrics and the evaluation of its weights;
+        the last is the final weights' (``run/...`` accounting of every group, and
+        the final evaluation if there are evaluators). Read on each access: the
+        run keeps no history in memory.
+        """
+        return merge_by_step([r for r in read_records(self.metrics_path) if r["step"] >= self.first_step])
 
     @property
     def step_metrics(self) -> list[dict[str, Any]]:
         """The records of training steps only (without the final-weights record)."""
         return [m for m in self.metrics if "progress/groups" in m]
 
-    @property
-    def summary(self) -> dict[str, Any]:
-        """The final-weights record: where every group went."""
-        return next(m for m in reversed(self.metrics) if "run/final_step" in m)
 
-
-def _drop_records_from(path: Path, step: int) -> None:
-    """Forget records of steps a resumed run will train again (and the old final record)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
-    path.write_text("".join(line + "\n" for line in kept))
+@asynccontextmanager
+async def _one_error_per_fault() -> AsyncIterator[None]:
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        deduplicated = one_per_fault(group)
+        if deduplicated is group:
+            raise
+        raise deduplicated from None
 
 
 def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
@@ -145,37 +160,26 @@ async def train(
     first_batch = _check_before_work(config, dataset, backend)
     schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
-    log_path.mkdir(parents=True, exist_ok=True)
+    run_folder.claim(config)
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        # User code that needs asyncio runs on one loop that lives as long as the stages.
+        async with (
+            _one_error_per_fault(),
+            open_user_code_runner(config.asyncio_bridge),
+            trio.open_nursery() as nursery,
+        ):
             # Setting up inside the nursery makes its failures arrive like any other.
-            resume_from = checkpoints.last() if config.resume else None
-            if resume_from is not None:
-                training_client = await backend.create_training_client_from_state(
-                    resume_from.state_path, with_optimizer=True
-                )
-                start_step = resume_from.step
-                start_tokens = (
-                    TokenCounts.from_json(resume_from.cumulative_tokens),
-                    TokenCounts.from_json(resume_from.discarded_tokens),
-                )
-                ledger_start = (ItemKey(*resume_from.cursor), [ItemKey(*o) for o in resume_from.outstanding])
-                _drop_records_from(log_path / METRICS_FILE, start_step)
-            else:
-                if config.load_checkpoint_path is not None:
-                    training_client = await backend.create_training_client_from_state(
-                        config.load_checkpoint_path, with_optimizer=False
-                    )
-                else:
-                    training_client = await backend.create_training_client(
-                        base_model=config.base_model, lora_rank=config.lora_rank, seed=config.seed
-                    )
-                start_step = 0
-                start_tokens = (TokenCounts(), TokenCounts())
-                ledger_start = (ItemKey(0, 0), [])
-            (log_path / "config.json").write_text(json.dumps(config.to_json(), indent=2, default=repr))
+            begin = await run_folder.start(config, backend, checkpoints)
+            training_client, start_step = begin.training_client, begin.step
+            ledger_start = (begin.cursor, begin.owed)
+            resumed = begin.resumed_from
+            start_tokens = (
+                TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
+                TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
+            )
+            (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
             reference = None
             if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
                 ref = config.kl_reference_config
@@ -184,7 +188,8 @@ async def train(
                 )
             weights = LatestWeights()
             weights.publish(start_step, await training_client.save_weights_for_sampler(f"{start_step:06d}"))
-            metrics_log = MetricsLog(log_path / METRICS_FILE)
+            has_reader = task_status is not trio.TASK_STATUS_IGNORED
+            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=LIVE_BUFFER if has_reader else 0)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
             outcome = await run_pipeline(
                 nursery,
@@ -236,14 +241,17 @@ async def train(
         if metrics_log is not None:
             metrics_log.close()
     counts = outcome.counts
+    assert metrics_log.last_final is not None, "the trainer writes the final record before it returns"
     return TrainResult(
-        metrics=merge_by_step(metrics_log.records),
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
         checkpoint=outcome.checkpoint,
         trained_groups=counts.trained_groups,
         dropped_groups=counts.dropped_stale,
         cancelled_groups=outcome.cancelled_groups,
+        summary=metrics_log.last_final,
+        metrics_path=log_path / run_folder.METRICS_FILE,
+        first_step=start_step,
     )
 
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The tinker-cookbook suite (called by .ci/run): tinker-cookbook 0.6.1's own
+# envs, datasets and evaluators trained through trio_rl.train.
+#
+#   1. set up (or reuse) its venv: tinker-cookbook 0.6.1 + trio_rl + trio-asyncio (setup_env.sh);
+#   2. run pytest on tests/cookbook in it.
+#
+# Exits non-zero if a test fails, if the suite runs past COOKBOOK_TIMEOUT_S
+# (default 600), and if no test passed (a suite that silently collected nothing
+# must not look green). Extra arguments go to pytest.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+VENV="${COOKBOOK_VENV:-$REPO/.cookbook-venv}"
+export COOKBOOK_VENV="$VENV"
+TIMEOUT_S="${COOKBOOK_TIMEOUT_S:-600}"
+
+# Nothing here may reach the hub or send telemetry.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
+
+start=$(date +%s)
+bash "$HERE/setup_env.sh"
+setup_s=$(( $(date +%s) - start ))
+
+cd "$REPO"
+report="$(mktemp "${TMPDIR:-/tmp}/trio_rl_cookbook.XXXXXX.xml")"
+trap 'rm -f "$report"' EXIT
+rc=0
+timeout --signal=TERM --kill-after=30 "$TIMEOUT_S" \
+    "$VENV/bin/python" -m pytest -p no:cacheprovider -v --junitxml="$report" tests/cookbook "$@" || rc=$?
+
+read -r passed failed skipped < <("$VENV/bin/python" - "$report" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    root = ET.Element("testsuites")
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+count = lambda key: sum(int(s.get(key, 0)) for s in suites)
+bad = count("failures") + count("errors")
+print(count("tests") - bad - count("skipped"), bad, count("skipped"))
+PY
+)
+
+echo "cookbook suite: setup ${setup_s} s, total $(( $(date +%s) - start )) s (pytest exit $rc)"
+if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    echo "cookbook suite: timed out after ${TIMEOUT_S} s" >&2
+fi
+if [[ $rc -eq 0 && $passed -eq 0 ]]; then
+    echo "cookbook suite: no test ran; counting that as a failure" >&2
+    rc=1
+fi
+echo "cookbook: $passed passed, $failed failed, $skipped skipped"
+exit "$rc"

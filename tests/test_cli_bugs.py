@@ -1,0 +1,180 @@
+"""The command-line bugs of issue 12, each reproduced through an example's ``main``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from trio_rl import Config, KLReferenceConfig
+from trio_rl.config import AsyncConfig, StreamMinibatchConfig
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2}
+
+
+def load(name: str) -> ModuleType:
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
+
+
+def exit_code(main: Callable[..., int], argv: list[str], **overrides: Any) -> int:
+    """What the process would exit with: main's return value, or the code of a SystemExit."""
+    try:
+        return main(argv, **overrides)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
+
+
+def test_an_unknown_loss_names_the_choices_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    arithmetic = load("arithmetic")
+    assert exit_code(arithmetic.main, ["--log-path", str(tmp_path), "--loss-fn", "bogus"], **TINY) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "importance_sampling" in err and "cispo" in err
+    assert "Trio nursery" not in err and "Traceback" not in err
+
+
+def test_an_unknown_mode_exits_2_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    arithmetic = load("arithmetic")
+    assert exit_code(arithmetic.main, ["--log-path", str(tmp_path), "--mode", "foo"], **TINY) == 2
+    err = capsys.readouterr().err
+    assert "foo" in err and "sync" in err and "stream" in err
+    assert "Traceback" not in err
+
+
+def test_an_invalid_value_checked_by_the_config_prints_its_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arithmetic = load("arithmetic")
+    argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
+    assert exit_code(arithmetic.main, argv, **TINY) == 2
+    err = capsys.readouterr().err
+    assert (
+        "stream_minibatch_config.groups_per_batch: 4 is not divisible by stream_minibatch_config.num_minibatches=3"
+        in err
+    )
+    assert "Trio nursery" not in err and "Traceback" not in err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _progress_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if re.search(r"\b3/3\b", line) and "reward" in line]
+
+
+def test_no_progress_turns_the_progress_lines_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    arithmetic = load("arithmetic")
+    argv = ["--max-steps", "3", "--groups-per-batch", "2", "--group-size", "2", "--mode", "sync", "--eval-every", "0"]
+    assert arithmetic.main([*argv, "--log-path", str(tmp_path / "on")], **TINY) == 0
+    assert len(_progress_lines(capsys.readouterr().err)) == 1  # not a terminal: a plain line at the last step
+    assert arithmetic.main([*argv, "--log-path", str(tmp_path / "off"), "--no-progress"], **TINY) == 0
+    err = capsys.readouterr().err
+    assert _progress_lines(err) == [] and "done: 3 steps" in err
+
+
+def _help_text(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    monkeypatch.setenv("COLUMNS", "250")
+    assert exit_code(module.main, ["--help"]) == 0
+    text = capsys.readouterr().out
+    # Keep the words, not the box drawing.
+    return "\n".join(line.strip(" │╭╮╰╯─") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("example", ["guess_number", "arithmetic"])
+def test_help_shows_help_and_default_for_every_flag(
+    example: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = load(example)
+    text = _help_text(module, monkeypatch, capsys)
+    for field in dataclasses.fields(module.Args):
+        flag = "--" + field.name.replace("_", "-")
+        entry = re.search(rf"^{re.escape(flag)}\b(.*?)(?=^--|\Z)", text, re.MULTILINE | re.DOTALL)
+        assert entry is not None, f"{flag} missing from --help"
+        body = entry.group(1)
+        assert "(default: " in body, f"{flag} shows no default"
+        words = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b[A-Z]+\b|\(default: [^)]*\)|,|--no-[a-z-]+", " ", body)
+        assert re.search(r"[a-z]{3,}", words), f"{flag} has no help text: {body!r}"
+
+
+def test_enum_like_flags_offer_their_choices(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _help_text(load("guess_number"), monkeypatch, capsys)
+    assert "{sync,stream,async}" in text
+    assert "{requeue,pace}" in text
+    assert "{importance_sampling,ppo,cispo,dro,cross_entropy}" in text
+
+
+NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
+    (["--log-path", "elsewhere"], "log_path", Path("elsewhere")),
+    (["--model", "org/model"], "base_model", "org/model"),
+    (["--lora-rank", "8"], "lora_rank", 8),
+    (["--learning-rate", "0.5"], "learning_rate", 0.5),
+    (["--adam-beta1", "0.8"], "adam_beta1", 0.8),
+    (["--adam-beta2", "0.9"], "adam_beta2", 0.9),
+    (["--adam-eps", "1e-6"], "adam_eps", 1e-6),
+    (["--weight-decay", "0.1"], "weight_decay", 0.1),
+    (["--grad-clip-norm", "1.5"], "grad_clip_norm", 1.5),
+    (["--max-tokens", "3"], "max_tokens", 3),
+    (["--temperature", "0.7"], "temperature", 0.7),
+    (["--top-k", "5"], "top_k", 5),
+    (["--top-p", "0.9"], "top_p", 0.9),
+    (["--loss-fn", "cispo"], "loss_fn", "cispo"),
+    (["--loss-fn-config", "clip_low_threshold", "0.8"], "loss_fn_config", {"clip_low_threshold": 0.8}),
+    (["--num-substeps", "2"], "num_substeps", 2),
+    (["--eval-every", "3"], "eval_every", 3),
+    (["--save-every", "4"], "save_every", 4),
+    (["--eval-timeout", "30"], "eval_timeout", 30.0),
+    (["--max-steps", "5"], "max_steps", 5),
+    (["--remove-constant-reward-groups"], "remove_constant_reward_groups", True),
+    (["--kl-penalty-coef", "0.1"], "kl_penalty_coef", 0.1),
+    (["--kl-discount-factor", "0.5"], "kl_discount_factor", 0.5),
+    (["--kl-penalty-coef", "0.1", "--kl-reference-model", "base"], "kl_reference_config", KLReferenceConfig("base")),
+    (["--seed", "7"], "seed", 7),
+    (["--num-workers", "3"], "num_workers", 3),
+    (["--error-strategy", "retry", "--max-retries", "4"], "rollout_error_tolerance", "RetryOnFailure(max_retries=4"),
+    (["--mode", "stream", "--groups-per-batch", "8", "--num-minibatches", "4"], "stream_minibatch_config",
+     StreamMinibatchConfig(8, 4)),
+    (["--mode", "async", "--max-steps-off-policy", "2", "--staleness", "pace"], "async_config",
+     AsyncConfig(2, 8, "pace")),
+    (["--load-checkpoint-path", "/tmp/state"], "load_checkpoint_path", "/tmp/state"),
+    (["--resume"], "resume", True),
+    (["--overwrite"], "overwrite", True),
+    (["--asyncio-bridge", "never"], "asyncio_bridge", "never"),
+    (["--no-save-on-cancel"], "save_on_cancel", False),
+    (["--cancel-save-timeout", "5"], "cancel_save_timeout", 5.0),
+]  # fmt: skip
+
+
+def test_every_config_field_has_a_flag() -> None:
+    assert {name for _, name, _ in NON_DEFAULT_FLAGS} == {f.name for f in dataclasses.fields(Config)}
+
+
+@pytest.mark.parametrize(("flags", "name", "expected"), NON_DEFAULT_FLAGS, ids=[n for _, n, _ in NON_DEFAULT_FLAGS])
+def test_a_flag_reaches_its_config_field(flags: list[str], name: str, expected: Any) -> None:
+    from trio_rl.cli import CommonArgs, make_config, parse_args
+
+    config = make_config(parse_args(CommonArgs, ["--groups-per-batch", "8", *flags]))
+    value = getattr(config, name)
+    if isinstance(expected, str) and name == "rollout_error_tolerance":
+        assert repr(value).startswith(expected)
+    else:
+        assert value == expected
+    assert Config.from_json(config.to_json()) == config
+
+
+def test_the_embedding_host_prints_a_config_error_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embedding = load("embedding")
+    argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
+    assert embedding.main(argv, **TINY) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: stream_minibatch_config.groups_per_batch: 4 is not divisible") and "Traceback" not in err
+    )

@@ -1,0 +1,134 @@
+"""Ctrl-C, SIGTERM and kill -9 on a real run of the main example, in a subprocess.
+
+Whatever the moment, the run ends with the last completed step saved once, one
+line saying so, and the documented exit code; a run killed outright resumes with
+every step trained exactly once.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_jsonl
+from trio_rl import CheckpointLog, Config
+from trio_rl.cli import ERROR_LOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, run_cli
+from trio_rl.testing import FakeBackend, FakeDataset
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--groups-per-batch", "4", "--group-size", "4"]
+
+
+def example(log_path: Path, *flags: str) -> list[str]:
+    return [sys.executable, str(ROOT / "examples" / "arithmetic.py"), "--log-path", str(log_path), *TINY, *flags]
+
+
+@contextmanager
+def running(command: list[str]) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def wait_for_steps(proc: subprocess.Popen[str], log_path: Path, steps: int, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = log_path / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("progress/groups") >= steps):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never got going"
+        time.sleep(0.02)
+
+
+def training_steps(log_path: Path) -> list[int]:
+    return [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r]
+
+
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    with running(example(tmp_path / "run", "--max-steps", "5")) as proc:
+        time.sleep(0.3)  # still importing torch
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err + out
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_TERMINATED)])
+@pytest.mark.parametrize("presses", [1, 2])
+def test_a_stop_signal_mid_run_saves_the_last_step_once(tmp_path: Path, signum: int, code: int, presses: int) -> None:
+    log_path = tmp_path / "run"
+    with running(example(log_path, "--max-steps", "100000", "--save-every", "0")) as proc:
+        wait_for_steps(proc, log_path, 3)
+        for _ in range(presses):
+            proc.send_signal(signum)
+            time.sleep(0.015)  # a second press 15 ms later: within the save
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err + out
+    records = CheckpointLog(log_path).all()
+    assert [r.reason for r in records] == ["cancelled"]
+    assert Path(records[0].state_path, "weights.safetensors").exists()
+    assert err.strip().splitlines()[-1].endswith(f"checkpoint of step {records[0].step} at {records[0].state_path} (resume with --resume)")
+    assert records[0].step >= len(training_steps(log_path))
+
+
+def test_a_third_ctrl_c_quits_without_waiting_for_the_save(tmp_path: Path) -> None:
+    log_path = tmp_path / "run"
+    with running(example(log_path, "--max-steps", "100000", "--save-every", "0")) as proc:
+        wait_for_steps(proc, log_path, 3)
+        for _ in range(3):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.002)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err + out
+    # Either the save beat the third press, or the run quit and said so.
+    assert "quitting without saving" in err or CheckpointLog(log_path).last() is not None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill_9_at_random_moments_then_resume_trains_every_step_once(tmp_path: Path, mode: str) -> None:
+    log_path = tmp_path / "run"
+    rng = random.Random(f"kill-9 {mode}")
+    flags = ["--mode", mode, "--max-steps", "24", "--save-every", "4", "--eval-every", "6", "--no-progress"]
+    for kill in range(3):
+        resume = ["--resume"] if kill else []
+        with running(example(log_path, *flags, *resume)) as proc:
+            wait_for_steps(proc, log_path, 1)
+            time.sleep(rng.uniform(0.0, 1.5))
+            proc.kill()
+            proc.wait()
+    with running(example(log_path, *flags, "--resume")) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert training_steps(log_path) == list(range(24))
+    last = CheckpointLog(log_path).last()
+    assert last is not None and last.final and last.step == 24
+
+
+def test_a_failed_run_prints_one_line_per_error_and_writes_the_traceback(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    backend.fail_train = RuntimeError("the trainer's GPU fell off the bus")
+    out = io.StringIO()
+    code = run_cli(Config(log_path=tmp_path, eval_every=0), dataset=FakeDataset(3, 4), backend=backend, out=out)
+    assert code == EXIT_ERROR
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "error: RuntimeError: the trainer's GPU fell off the bus",
+        f"full traceback in {tmp_path / ERROR_LOG}",
+    ]
+    assert "Traceback" in (tmp_path / ERROR_LOG).read_text()

@@ -1,0 +1,99 @@
+"""A run folder belongs to one run, and resume copes with what a crash can leave in it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from trio.testing import MockClock
+
+from tests.conftest import read_jsonl
+from tests.pipeline_helpers import make_config, run_fake
+from trio_rl import CheckpointLog, ConfigError
+from trio_rl.jsonl import DamagedFileError, RunFolderWarning
+from trio_rl.run_folder import ResumeError, RunFolderExistsError
+from trio_rl.testing import FakeBackend, FakeDataset
+
+
+async def test_a_second_run_in_the_same_folder_is_refused_naming_the_choices(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    await run_fake(make_config(log_path, "sync"), FakeDataset(3, 4))
+    before = (log_path / "metrics.jsonl").read_text()
+    with pytest.raises(RunFolderExistsError, match=r"already holds a run .*resume.*another log_path.*overwrite"):
+        await run_fake(make_config(log_path, "sync"), FakeDataset(3, 4))
+    assert isinstance(RunFolderExistsError("log_path", "x"), ConfigError)
+    # Refused before any work: nothing was appended or overwritten.
+    assert (log_path / "metrics.jsonl").read_text() == before
+
+
+async def test_overwrite_replaces_the_run(log_path: Path, autojump_clock: MockClock) -> None:
+    await run_fake(make_config(log_path, "sync"), FakeDataset(3, 4))
+    await run_fake(make_config(log_path, "sync", overwrite=True), FakeDataset(2, 4))
+    assert [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")] == [0, 1, 2]
+    assert [c.step for c in CheckpointLog(log_path).all()] == [2]
+
+
+async def test_resume_before_the_first_checkpoint_starts_again_without_duplicates(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    # A first run that wrote records but was killed before any checkpoint.
+    await run_fake(make_config(log_path, "sync"), FakeDataset(2, 4))
+    (log_path / "checkpoints.jsonl").unlink()
+    result = await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(3, 4))
+    assert result.step_metrics[0]["step"] == 0
+    assert [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("torn", ["metrics.jsonl", "checkpoints.jsonl"])
+async def test_a_torn_last_line_is_ignored_with_a_warning(
+    log_path: Path, torn: str, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, "sync", max_steps=2, save_every=1), FakeDataset(5, 4), backend)
+    with (log_path / torn).open("a") as f:
+        f.write('{"step": 2, "env/all/rew')  # a kill in the middle of an append
+    with pytest.warns(RunFolderWarning, match=f"{torn}: ignoring its torn last line"):
+        result = await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(5, 4), backend)
+    assert result.step_metrics[0]["step"] == 2
+    # Every line of both files is whole again, one training record per step.
+    steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r]
+    assert steps == [0, 1, 2, 3, 4]
+    read_jsonl(log_path / "checkpoints.jsonl")
+
+
+async def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_one_before(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, "sync", max_steps=3, save_every=1), FakeDataset(6, 4), backend)
+    newest = CheckpointLog(log_path).last()
+    assert newest is not None and newest.step == 3
+    del backend.states[newest.state_path]  # its files are gone
+    with pytest.warns(RunFolderWarning, match=r"checkpoint step_000003 \(step 3\) does not load"):
+        result = await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(6, 4), backend)
+    assert result.step_metrics[0]["step"] == 2
+    steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r]
+    assert steps == list(range(6))
+
+
+async def test_no_loadable_checkpoint_is_an_error_naming_the_file(log_path: Path, autojump_clock: MockClock) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, "sync"), FakeDataset(2, 4), backend)
+    backend.states.clear()
+    with pytest.warns(RunFolderWarning), pytest.RaisesGroup(
+        pytest.RaisesExc(ResumeError, match=r"checkpoints\.jsonl loads .*overwrite")
+    ):
+        await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(2, 4), backend)
+
+
+async def test_a_damaged_middle_line_names_the_file_and_line(log_path: Path, autojump_clock: MockClock) -> None:
+    await run_fake(make_config(log_path, "sync", save_every=1), FakeDataset(3, 4))
+    path = log_path / "checkpoints.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1][:10]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.RaisesGroup(pytest.RaisesExc(DamagedFileError, match=r"checkpoints\.jsonl, line 2: ")):
+        await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(3, 4))
+    json.loads(lines[0])
