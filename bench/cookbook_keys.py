@@ -13,7 +13,10 @@ clients and the cookbook's ArithmeticDataset). Each cookbook key falls in one of
 - not measured: a concept trio_rl does not measure (see ``NOT_MEASURED``);
 - missing: a concept trio_rl measures under another key, or could compute.
 
-``tests/test_cookbook_metric_keys.py`` asserts that nothing is missing.
+``tests/test_cookbook_metric_keys.py`` asserts that nothing is missing on fakes;
+``tests/cookbook/test_cookbook_semantics.py`` (the tinker-cookbook suite, run by
+``tests/cookbook/run.sh``) does so on the cookbook's own ArithmeticDataset and
+RLTestSetEvaluator, where the env-defined keys are shared too.
 """
 
 from __future__ import annotations
