@@ -69,7 +69,9 @@ def not_measured(key: str) -> str | None:
 
 async def trio_rl_keys(mode: str) -> set[str]:
     """Every key of ``metrics.jsonl`` for a short run on fakes in ``mode`` ("sync" or "async")."""
-    extra: dict[str, Any] = {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=2)} if mode == "async" else {}
+    extra: dict[str, Any] = (
+        {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=2)} if mode == "async" else {}
+    )
     with tempfile.TemporaryDirectory() as folder:
         config = Config(log_path=folder, eval_every=1, save_every=0, **extra)
         dataset = FakeDataset(3, 2, tags=lambda b, g: ("problems",))

@@ -48,7 +48,9 @@ async def test_a_cookbook_run_folder_resumes_at_its_batch_with_its_token_totals(
     log_path.mkdir(parents=True)
     (log_path / "checkpoints.jsonl").write_text(json.dumps(COOKBOOK_ROW) + "\n")
     checkpoint = CheckpointLog(log_path).last()
-    assert checkpoint is not None and checkpoint.step == 2 and checkpoint.cursor == (2, 0) and checkpoint.outstanding == []
+    assert (
+        checkpoint is not None and checkpoint.step == 2 and checkpoint.cursor == (2, 0) and checkpoint.outstanding == []
+    )
     backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
     backend.states[COOKBOOK_ROW["state_path"]] = 2  # the state the cookbook saved
     dataset = FakeDataset(4, 2)

@@ -39,7 +39,9 @@ class CookbookStyleBuilder:
             envs.append(FakeEnv((0, 0), 0 if fails else i + 1, spec, 0, self.log))
         return envs
 
-    async def compute_group_rewards(self, trajectories: list[Trajectory], envs: Sequence[Env]) -> list[tuple[float, Metrics]]:
+    async def compute_group_rewards(
+        self, trajectories: list[Trajectory], envs: Sequence[Env]
+    ) -> list[tuple[float, Metrics]]:
         return [(0.0, {}) for _ in trajectories]
 
     def logging_tags(self) -> list[str]:
@@ -115,7 +117,9 @@ async def test_a_group_failing_beyond_tolerance_is_skipped_and_training_goes_on(
 
 
 @pytest.mark.parametrize("mode", ["sync", "stream", "pace"])
-async def test_a_step_whose_groups_all_failed_is_still_a_step(log_path: Path, mode: str, autojump_clock: MockClock) -> None:
+async def test_a_step_whose_groups_all_failed_is_still_a_step(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
     # Every group of batch 1 fails: step 1 trains nothing, and step 2 still
     # gets the weights version it waits for.
     spec = FakeEnvSpec(fail_at={(1, g): "step" for g in range(4)}, fail_attempts=None)

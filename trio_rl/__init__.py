@@ -11,13 +11,13 @@ from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
 from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
-from .kl import KLReferenceConfig
-from .rl_test_set import RLTestSetEvaluator
 from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
 from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
+from .kl import KLReferenceConfig
 from .metrics import trajectory_metrics
+from .rl_test_set import RLTestSetEvaluator
 from .rollouts import (
     ErrorStrategy,
     FailFast,

@@ -45,8 +45,8 @@ class CheckpointRecord:
     batch: int
     state_path: str
     sampler_path: str | None = None
-    cumulative_tokens: dict[str, int] = field(default_factory=dict)
-    discarded_tokens: dict[str, int] = field(default_factory=dict)
+    cumulative_tokens: dict[str, int] = field(default_factory=dict[str, int])
+    discarded_tokens: dict[str, int] = field(default_factory=dict[str, int])
     step: int = -1
     cursor: tuple[int, int] = (0, 0)
     outstanding: list[tuple[int, int]] = field(default_factory=list)

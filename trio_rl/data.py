@@ -48,7 +48,7 @@ class _Sequence:
     logprobs: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     mask: list[float] = field(default_factory=list)
-    spans: list[Any] | None = field(default_factory=list)
+    spans: list[Any] | None = field(default_factory=list[Any])
     """Where each token came from while every action has a ``sequence_id`` (None once one does not)."""
 
     def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:

@@ -52,12 +52,12 @@ async def reference_logprob_diffs(client: SamplingClient, data: Sequence[tinker_
     async def one(index: int, datum: tinker_types.Datum) -> None:
         targets = datum.loss_fn_inputs["target_tokens"].to_numpy()
         # The unshifted sequence: the input plus the last target.
-        sequence = compat.model_input_from_ints(datum.model_input.to_ints() + [int(targets[-1])])
+        sequence = compat.model_input_from_ints([*datum.model_input.to_ints(), int(targets[-1])])
         scored = (await client.compute_logprobs(sequence))[1:]
         mask = _mask(datum)
         if len(scored) != len(mask):
             raise ValueError(f"the reference scored {len(scored)} tokens of a {len(mask)}-token Datum")
-        if any(lp is None for lp, m in zip(scored, mask) if m > 0):
+        if any(lp is None for lp, m in zip(scored, mask, strict=True) if m > 0):
             raise ValueError("the reference model returned no logprob for an action token")
         reference = np.array([0.0 if lp is None else lp for lp in scored], dtype=np.float64)
         sampled = datum.loss_fn_inputs["logprobs"].to_numpy().astype(np.float64)
@@ -106,7 +106,7 @@ def incorporate_kl_penalty(
     diff_sum = float(sum(d.sum() for d in diffs))
     avg = diff_sum / tokens if tokens else 0.0
     penalised: list[tinker_types.Datum] = []
-    for datum, diff, mask in zip(data, diffs, masks):
+    for datum, diff, mask in zip(data, diffs, masks, strict=True):
         bonus = coef * mask * (avg - diff)
         if discount > 0:
             bonus = discounted_future_sum(bonus, discount)

@@ -340,10 +340,12 @@ def _group_failed(message: str, rollout: GroupRollout) -> GroupFailedError:
     return error
 
 
-async def _attempt(policy: TokenPolicy, env: Env, index: int, attempt: int, timeout: float | None) -> Trajectory | RolloutError:
-    """One rollout attempt: its trajectory, or the failure as a :class:`RolloutError`."""
+async def _attempt(
+    policy: TokenPolicy, env: Env, index: int, attempt: int, limit: float | None
+) -> Trajectory | RolloutError:
+    """One rollout attempt within ``limit`` seconds: its trajectory, or the failure as a :class:`RolloutError`."""
     captured: outcome.Value[Trajectory] | outcome.Error | None = None
-    with trio.move_on_after(timeout or math.inf) as scope:
+    with trio.move_on_after(limit or math.inf) as scope:
         captured = await outcome.acapture(do_single_rollout, policy, env)
         if isinstance(captured, outcome.Error) and not isinstance(captured.error, Exception):
             # Cancellation and KeyboardInterrupt are not rollout failures:
@@ -352,7 +354,7 @@ async def _attempt(policy: TokenPolicy, env: Env, index: int, attempt: int, time
             captured.unwrap()
     if scope.cancelled_caught:
         return RolloutError.from_exception(
-            TimeoutError(f"rollout exceeded {timeout} s"), env_index=index, attempt=attempt, timed_out=True
+            TimeoutError(f"rollout exceeded {limit} s"), env_index=index, attempt=attempt, timed_out=True
         )
     if isinstance(captured, outcome.Error):
         return RolloutError.from_exception(captured.error, env_index=index, attempt=attempt)

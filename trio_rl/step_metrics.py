@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +11,6 @@ import numpy as np
 from tinker import types as tinker_types
 
 from .data import MASK_KEY
-
 from .metrics import trajectory_metrics
 from .rollouts import is_initial_overflow
 from .types import Metrics
@@ -106,7 +105,7 @@ class TokenCounts:
     trained: int = 0
 
     def __add__(self, other: TokenCounts) -> TokenCounts:
-        return TokenCounts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return TokenCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def metrics(self, prefix: str) -> Metrics:
         """``<prefix>/<kind>`` for each kind."""
@@ -190,10 +189,10 @@ def sample_train_kl(
     """
     diffs: list[np.ndarray] = []
     sampled: list[np.ndarray] = []
-    for data, output in zip(submitted, outputs):
+    for data, output in zip(submitted, outputs, strict=True):
         if len(output.loss_fn_outputs) != len(data):
             return {}
-        for datum, out in zip(data, output.loss_fn_outputs):
+        for datum, out in zip(data, output.loss_fn_outputs, strict=True):
             if "logprobs" not in out or MASK_KEY not in datum.loss_fn_inputs or "logprobs" not in datum.loss_fn_inputs:
                 return {}
             mask = datum.loss_fn_inputs[MASK_KEY].to_numpy() > 0

@@ -44,7 +44,7 @@ class TrainedStep:
     skipped: int = 0
     trained: list[FinishedGroup] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
-    submitted: list[list[tinker_types.Datum]] = field(default_factory=list)
+    submitted: list[list[tinker_types.Datum]] = field(default_factory=list[list[tinker_types.Datum]])
     kl_diff_sum: float = 0.0
     kl_tokens: float = 0.0
     summary: Metrics = field(default_factory=dict)

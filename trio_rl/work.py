@@ -80,7 +80,7 @@ class SkippedGroup:
 
     item: WorkItem
     error: Exception
-    errors: list[RolloutError] = field(default_factory=list)
+    errors: list[RolloutError] = field(default_factory=list[RolloutError])
 
 
 Delivery = FinishedGroup | AbandonedGroup | SkippedGroup
