@@ -278,15 +278,7 @@ class Config:
             _non_negative("max_steps", self.max_steps, "None trains until the data runs out")
         if self.num_workers is not None:
             _positive("num_workers", self.num_workers, "at least 1, or None for the default")
-        _non_negative("kl_penalty_coef", self.kl_penalty_coef, "0 disables the KL penalty")
-        _non_negative("kl_discount_factor", self.kl_discount_factor, "0 disables discounting")
-        if self.kl_penalty_coef > 0 and self.kl_reference_config is None:
-            raise ConfigError(
-                "kl_reference_config",
-                "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
-            )
-        if self.kl_penalty_coef > 0 and self.loss_fn == "cross_entropy":
-            raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
+        _check_kl_penalty(self)
         try:
             self.rollout_strategy()
         except TypeError as error:
@@ -334,6 +326,18 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted(cast(dict[str, Any], value).items()))
     return value
+
+
+def _check_kl_penalty(config: Config) -> None:
+    _non_negative("kl_penalty_coef", config.kl_penalty_coef, "0 disables the KL penalty")
+    _non_negative("kl_discount_factor", config.kl_discount_factor, "0 disables discounting")
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
+        raise ConfigError(
+            "kl_reference_config",
+            "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
+        )
+    if config.kl_penalty_coef > 0 and config.loss_fn == "cross_entropy":
+        raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
 
 
 def _positive(name: str, value: float, fix: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -181,21 +182,16 @@ class LocalBackend:
             FileNotFoundError: ``model_path`` is not a checkpoint folder.
         """
         self._runtime.require_entered()
-        if model_path is None and base_model not in self._base_seeds:
+        if model_path is not None:
+            build = partial(_saved_sampler, self._runtime, model_path)
+        elif base_model in self._base_seeds:
+            seed = self._base_seeds[base_model]
+            build = partial(_initial_sampler, self._runtime, self._model_config, self._tokenizer, seed)
+        else:
             raise ValueError(
                 f"LocalBackend has no initial weights for {base_model!r}: create a training client for it "
                 "first, or give model_path (a save_state or sampler folder)"
             )
-
-        def build() -> LocalSamplingClient:
-            if model_path is not None:
-                ckpt = load_checkpoint(Path(model_path), with_optimizer=False)
-                model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
-                model.load_state_dict(ckpt.weights)
-                return LocalSamplingClient(SamplingEngine(model, ckpt.tokenizer, self._runtime), model_path)
-            model = TransformerLM(self._model_config, self._tokenizer.vocab_size, seed=self._base_seeds[base_model])
-            return LocalSamplingClient(SamplingEngine(model, self._tokenizer, self._runtime), None)
-
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
     async def create_training_client_from_state(
@@ -223,3 +219,17 @@ class LocalBackend:
             return LocalTrainingClient(self._runtime, model, ckpt.tokenizer, ckpt.adam)
 
         return await trio.to_thread.run_sync(load, limiter=self._runtime.limiter)
+
+
+def _saved_sampler(runtime: BackendRuntime, path: str) -> LocalSamplingClient:
+    ckpt = load_checkpoint(Path(path), with_optimizer=False)
+    model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
+    model.load_state_dict(ckpt.weights)
+    return LocalSamplingClient(SamplingEngine(model, ckpt.tokenizer, runtime), path)
+
+
+def _initial_sampler(
+    runtime: BackendRuntime, config: ModelConfig, tokenizer: CharTokenizer, seed: int
+) -> LocalSamplingClient:
+    model = TransformerLM(config, tokenizer.vocab_size, seed=seed)
+    return LocalSamplingClient(SamplingEngine(model, tokenizer, runtime), None)
