@@ -62,3 +62,22 @@ def test_sync_runs_with_the_same_seed_give_bit_identical_weights(tmp_path: Path)
     # The weights did move: a third run trained one step less ends elsewhere.
     c = run_arithmetic(tmp_path / "c", 3, model=model, learning_rate=3e-3)
     assert weights_hash(c) != weights_hash(a)
+
+
+def test_on_policy_the_sampler_and_the_learner_agree_and_kl_penalty_runs(tmp_path: Path) -> None:
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    result = run_arithmetic(tmp_path / "a", 2, model=model, learning_rate=3e-3)
+    for record in result.step_metrics:
+        # Sync and on-policy at temperature 1: forward_backward sees the weights that sampled.
+        assert abs(record["optim/kl_sample_train_v1"]) < 1e-4 and record["optim/kl_sample_train_v2"] < 1e-8
+        assert record["optim/entropy"] > 0
+    from trio_rl import KLReferenceConfig
+
+    penalised = run_arithmetic(
+        tmp_path / "b", 2, model=model, learning_rate=3e-3,
+        kl_penalty_coef=0.5, kl_reference_config=KLReferenceConfig("trio-rl-tiny"),
+    )  # fmt: skip
+    first, second = penalised.step_metrics
+    # The reference is the initial weights: step 0 samples from them exactly, step 1 no longer does.
+    assert abs(first["kl_policy_base"]) < 1e-4
+    assert abs(second["kl_policy_base"]) > abs(first["kl_policy_base"])
