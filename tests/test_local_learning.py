@@ -29,7 +29,7 @@ def run_arithmetic(log_path: Path, steps: int, *, model: ModelConfig, **config: 
     args = parse_args(arithmetic.Args, [], groups_per_batch=16, group_size=8)
     tokenizer = CharTokenizer(arithmetic.ALPHABET)
     dataset = arithmetic.AdditionDataset(args, arithmetic.Renderer(LazyTokenizer(tokenizer)), num_batches=steps)
-    cfg = Config(log_path=log_path, max_tokens=1, eval_every=0, save_every=0, seed=0, **config)
+    cfg = Config(**{"log_path": log_path, "max_tokens": 1, "eval_every": 0, "save_every": 0, "seed": 0, **config})
 
     async def main() -> TrainResult:
         async with LocalBackend(log_dir=log_path, model_config=model, tokenizer=tokenizer, seed=0) as backend:
@@ -81,3 +81,12 @@ def test_on_policy_the_sampler_and_the_learner_agree_and_kl_penalty_runs(tmp_pat
     # The reference is the initial weights: step 0 samples from them exactly, step 1 no longer does.
     assert abs(first["kl_policy_base"]) < 1e-4
     assert abs(second["kl_policy_base"]) > abs(first["kl_policy_base"])
+def test_sampler_snapshots_are_deleted_once_unused_unless_a_checkpoint_shares_their_step(tmp_path: Path) -> None:
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    run_arithmetic(tmp_path, 30, model=model, learning_rate=3e-3, save_every=10)
+    import gc
+
+    gc.collect()
+    kept = sorted(p.name for p in (tmp_path / "sampler_weights").iterdir())
+    # Not one folder per step: only those of the saved states are left.
+    assert kept == ["000010", "000020", "000030"]

@@ -65,6 +65,7 @@ class RolloutSettings:
     loss_fn: str
     staleness_limit: int
     abandon_stale: bool
+    exact_version: bool
     reference: SamplingClient | None = None
     """The KL penalty's reference model, when there is one."""
 
@@ -449,8 +450,10 @@ async def _roll_out(
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
         await weights.wait_for(item.min_version)
-        # Which weights a rollout uses must not depend on scheduling order.
-        await settle()
+        if not settings.exact_version:
+            # Which weights a rollout uses must not depend on which of the tasks
+            # due at this instant (the trainer publishing among them) ran first.
+            await settle()
         version, client = weights.latest()
         identity = (settings.seed, item.key.batch, item.key.group, item.attempt)
 

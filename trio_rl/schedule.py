@@ -200,6 +200,16 @@ class Schedule(ABC):
         """Whether a rollout is given up once its weights are more than K steps old."""
         return self.back_edge
 
+    @property
+    def samples_exact_version(self) -> bool:
+        """Whether an item always samples from exactly its ``min_version``.
+
+        On-policy, the next version needs the item's own group, so it cannot be
+        published while the item starts: the version is fixed, and no
+        :func:`~trio_rl.determinism.settle` is needed to choose it.
+        """
+        return self.staleness_limit == 0 and not self.back_edge
+
     @abstractmethod
     def admit(self, position: Position, start_step: int) -> Admission:
         """Which weights a fresh item may use, which step trains it, and when it may start."""

@@ -205,6 +205,7 @@ async def train(
                     staleness_limit=schedule.staleness_limit,
                     abandon_stale=schedule.abandons_stale_rollouts,
                     reference=reference,
+                    exact_version=schedule.samples_exact_version,
                 ),
                 trainer=TrainerSettings(
                     start_step=start_step,

@@ -11,6 +11,8 @@ taken back.
 
 from __future__ import annotations
 
+import shutil
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +131,12 @@ class _Job:
     error: BaseException | None = None
 
 
+def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
+    """Delete a sampler snapshot no client uses any more, unless a saved state shares its step's name."""
+    if path.name not in states_saved:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class LocalPendingResult(Generic[T]):
     """A request submitted to a :class:`LocalTrainingClient`; :meth:`result` waits for it."""
 
@@ -171,6 +179,7 @@ class LocalTrainingClient:
         self._adam = adam if adam is not None else AdamState()
         self._queue: deque[_Job] = deque()
         self._working = False
+        self._states_saved: set[str] = set()
 
     @property
     def model(self) -> TransformerLM:
@@ -288,7 +297,11 @@ class LocalTrainingClient:
                 tokenizer=self._tokenizer,
                 kind="sampler",
             )
-            return LocalSamplingClient(engine, str(path))
+            client = LocalSamplingClient(engine, str(path))
+            # The folder is only this client's record on disk: once no one holds
+            # the client, it goes, unless a saved state of the same step keeps it.
+            weakref.finalize(client, _discard_sampler_folder, path, self._states_saved)
+            return client
 
         return await self._call(save)
 
@@ -315,6 +328,7 @@ class LocalTrainingClient:
                 tokenizer=self._tokenizer,
                 kind="state",
             )
+            self._states_saved.add(name)
             return str(path)
 
         return await self._call(save)
