@@ -90,3 +90,15 @@ def test_sampler_snapshots_are_deleted_once_unused_unless_a_checkpoint_shares_th
     kept = sorted(p.name for p in (tmp_path / "sampler_weights").iterdir())
     # Not one folder per step: only those of the saved states are left.
     assert kept == ["000010", "000020", "000030"]
+
+
+def test_the_final_rows_sampler_weights_outlive_the_run(tmp_path: Path) -> None:
+    # The cookbook's sampling tools load a row's sampler_path: the final one must still exist
+    # when the final step is not a periodic one.
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    result = run_arithmetic(tmp_path, 3, model=model, learning_rate=3e-3, save_every=2)
+    import gc
+
+    gc.collect()
+    assert result.checkpoint is not None and result.checkpoint.name == "final"
+    assert result.checkpoint.sampler_path is not None and Path(result.checkpoint.sampler_path).is_dir()

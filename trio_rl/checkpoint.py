@@ -26,7 +26,9 @@ class CheckpointRecord:
     run; the rest are trio_rl's own.
 
     Attributes:
-        name: ``%06d`` of the step, or ``"final"`` for the run's last state (the name it was saved under).
+        name: ``%06d`` of the step, or ``"final"`` for the run's last state, as the cookbook
+            labels its rows (the state itself is saved under ``%06d``, the name its
+            sampler weights share, so a backend can tell they belong together).
         batch: training steps completed (the cookbook's batch to resume from).
         state_path: where ``save_state`` put weights and optimizer state.
         sampler_path: where the sampler weights of this step were saved, if they were saved by name.
@@ -133,13 +135,14 @@ class CheckpointKeeper:
     ) -> CheckpointRecord:
         """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``."""
         name = "final" if final else f"{step:06d}"
+        saved_as = f"{step:06d}"
         # The weights of a step saved periodically are still the final ones:
         # record that state again as final rather than save it twice.
         if self._last is not None and self._last[0] == step:
             path = self._last[1]
         else:
             with trio.CancelScope(shield=self._shielded):
-                path = await self._client.save_state(name)
+                path = await self._client.save_state(saved_as)
             self._last = (step, path)
         ledger = self._ledger
         ledger.read_notes()
