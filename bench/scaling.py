@@ -1,0 +1,90 @@
+"""Per-group cost as the batch grows, and memory per group in flight.
+
+Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches).
+
+1. CPU per group at zero latency for 50, 500 and 5,000 groups per batch (K=1,
+   two steps' worth of groups past the first batch), under "requeue" and "pace".
+   A policy whose bookkeeping rescans what it holds would grow with the batch.
+2. Memory per group in flight: 5,000 groups of 4 single-turn envs, all waiting
+   on a slow sampler at once (virtual time), measured with tracemalloc as the
+   memory the run holds beyond an idle run's, divided by the groups in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from trio_rl import AsyncConfig, Config, train
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+
+
+async def run(config: Config, dataset: FakeDataset, backend: FakeBackend) -> None:
+    async with backend:
+        await train(config, dataset=dataset, backend=backend)
+
+
+def cpu_per_group(groups_per_batch: int, staleness: str, steps: int) -> float:
+    dataset = FakeDataset(steps, groups_per_batch, FakeEnvSpec(group_size=4))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config(
+            log_path=Path(tmp),
+            eval_every=0,
+            save_every=0,
+            max_tokens=8,
+            async_config=AsyncConfig(1, groups_per_batch, staleness),  # type: ignore[arg-type]
+        )
+        started = time.process_time()
+        trio.run(run, config, dataset, FakeBackend(record_calls=False))
+        return 1e6 * (time.process_time() - started) / dataset.total_groups
+
+
+def memory_per_group_in_flight(groups: int) -> float:
+    """Bytes held per group while ``groups`` groups all wait on the sampler."""
+    held: list[int] = []
+
+    async def main(tmp: Path) -> None:
+        backend = FakeBackend(sample_latency=1000.0, record_calls=False)
+        dataset = FakeDataset(2, groups, FakeEnvSpec(group_size=4))
+        config = Config(log_path=tmp, eval_every=0, save_every=0, max_tokens=8,
+                        async_config=AsyncConfig(1, groups, "pace"))  # fmt: skip
+        async with backend, trio.open_nursery() as nursery:
+            baseline = tracemalloc.get_traced_memory()[0]
+            nursery.start_soon(lambda: train(config, dataset=dataset, backend=backend))
+            await trio.sleep(500.0)  # every group of the first two batches is waiting on its samples
+            held.append(tracemalloc.get_traced_memory()[0] - baseline)
+            nursery.cancel_scope.cancel()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tracemalloc.start()
+        trio.run(main, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+        tracemalloc.stop()
+    return held[0] / (2 * groups)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    sizes = [50, 500, 2000] if args.quick else [50, 500, 5000]
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, trio {trio.__version__}")
+    print(f"{'groups/batch':>12} {'requeue us/group':>17} {'pace us/group':>14}")
+    for size in sizes:
+        steps = 3
+        requeue = cpu_per_group(size, "requeue", steps)
+        pace = cpu_per_group(size, "pace", steps)
+        print(f"{size:>12} {requeue:>17.0f} {pace:>14.0f}")
+    in_flight = 500 if args.quick else 2500
+    per_group = memory_per_group_in_flight(in_flight)
+    print(f"memory per group in flight ({2 * in_flight} groups of 4 envs waiting): {per_group / 1024:.1f} KB")
+
+
+if __name__ == "__main__":
+    main()
