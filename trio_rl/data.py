@@ -120,7 +120,9 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
         One Datum per maximal run of extending turns.
     """
     data: list[tinker_types.Datum] = []
-    current = _Sequence()
+    # Provenance is only gathered for the losses that read it: its spans cost an object per turn.
+    tracks = loss_fn in PROVENANCE_LOSSES
+    current = _Sequence(spans=[] if tracks else None)
     for turn, transition in enumerate(trajectory.transitions):
         ob_tokens = transition.ob.to_ints()
         if ob_tokens[: len(current.tokens)] == current.tokens:
@@ -129,7 +131,7 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
         else:
             if len(current.tokens) > 1:
                 data.append(current.to_datum(loss_fn))
-            current = _Sequence()
+            current = _Sequence(spans=[] if tracks else None)
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
         current.note_provenance(new_ob, transition.ac)
