@@ -81,7 +81,7 @@ async def host(args: Args) -> dict[str, Any]:
             seen["best_reward"] = max(seen["best_reward"], reward)
             print(
                 f"[host] step {record['step']:4d}  reward {reward:.3f}  "
-                f"staleness {record['sampling_client/staleness_max']}",
+                f"staleness {record['async/staleness_max']}",
                 flush=True,
             )
             if reward >= args.threshold:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trio_rl import Config
+from trio_rl import Config, KLReferenceConfig
 from trio_rl.config import AsyncConfig, StreamMinibatchConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -135,9 +135,11 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--max-steps", "5"], "max_steps", 5),
     (["--remove-constant-reward-groups"], "remove_constant_reward_groups", True),
     (["--kl-penalty-coef", "0.1"], "kl_penalty_coef", 0.1),
+    (["--kl-discount-factor", "0.5"], "kl_discount_factor", 0.5),
+    (["--kl-penalty-coef", "0.1", "--kl-reference-model", "base"], "kl_reference_config", KLReferenceConfig("base")),
     (["--seed", "7"], "seed", 7),
     (["--num-workers", "3"], "num_workers", 3),
-    (["--error-strategy", "retry", "--max-retries", "4"], "error_strategy", "RetryOnFailure(max_retries=4"),
+    (["--error-strategy", "retry", "--max-retries", "4"], "rollout_error_tolerance", "RetryOnFailure(max_retries=4"),
     (["--mode", "stream", "--groups-per-batch", "8", "--num-minibatches", "4"], "stream_minibatch_config",
      StreamMinibatchConfig(8, 4)),
     (["--mode", "async", "--max-steps-off-policy", "2", "--staleness", "pace"], "async_config",
@@ -161,7 +163,7 @@ def test_a_flag_reaches_its_config_field(flags: list[str], name: str, expected: 
 
     config = make_config(parse_args(CommonArgs, ["--groups-per-batch", "8", *flags]))
     value = getattr(config, name)
-    if isinstance(expected, str) and name == "error_strategy":
+    if isinstance(expected, str) and name == "rollout_error_tolerance":
         assert repr(value).startswith(expected)
     else:
         assert value == expected

@@ -8,8 +8,17 @@ import pytest
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import run_fake
-from trio_rl import AsyncConfig, Config, ConfigError, RetryOnFailure, StreamMinibatchConfig
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder
+from trio_rl import (
+    AsyncConfig,
+    Config,
+    ConfigError,
+    FailFast,
+    KLReferenceConfig,
+    MinViableGroup,
+    RetryOnFailure,
+    StreamMinibatchConfig,
+)
+from trio_rl.testing import FakeBackend, FakeDataset
 
 
 @pytest.mark.parametrize(
@@ -24,7 +33,8 @@ from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder
         ({"num_workers": 0}, "num_workers", "at least 1"),
         ({"learning_rate": 0.0}, "learning_rate", "positive"),
         ({"loss_fn": "mse"}, "loss_fn", "importance_sampling"),
-        ({"kl_penalty_coef": 0.1}, "kl_penalty_coef", "set it to 0"),
+        ({"kl_penalty_coef": 0.1}, "kl_reference_config", "must be given when kl_penalty_coef > 0"),
+        ({"kl_penalty_coef": -0.1}, "kl_penalty_coef", "0 disables"),
         ({"max_steps": -1}, "max_steps", "None trains"),
         ({"eval_every": -1}, "eval_every", "0 disables"),
         ({"async_config": AsyncConfig(1, 4), "stream_minibatch_config": StreamMinibatchConfig(4, 1)}, "async_config", "exclusive"),
@@ -43,18 +53,18 @@ async def test_invalid_config_is_rejected_before_any_work(
     assert not (tmp_path / "run").exists()
 
 
-async def test_retries_need_builders_that_make_one_env(tmp_path: Path, autojump_clock: MockClock) -> None:
-    class GroupOnly(FakeDataset):
-        def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
-            class NoMakeEnv(FakeEnvGroupBuilder):
-                make_env = FakeEnvGroupBuilder.__mro__[1].make_env  # the base class's: not implemented
+def test_rollout_error_tolerance_takes_the_cookbook_values(tmp_path: Path) -> None:
+    assert Config(log_path=tmp_path).rollout_strategy() == FailFast()
+    assert Config(log_path=tmp_path, rollout_error_tolerance=True).rollout_strategy() == RetryOnFailure(max_retries=3)
+    strategy = MinViableGroup(max_retries=5)
+    assert Config(log_path=tmp_path, rollout_error_tolerance=strategy).rollout_strategy() is strategy
+    with pytest.raises(ConfigError, match="bool or an error strategy") as info:
+        Config(log_path=tmp_path, rollout_error_tolerance="retry").validate()  # type: ignore[arg-type]
+    assert info.value.field == "rollout_error_tolerance"
 
-            return [NoMakeEnv((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
 
-    config = Config(log_path=tmp_path / "run", error_strategy=RetryOnFailure(max_retries=1))
-    with pytest.raises(ConfigError, match="make_env") as info:
-        await run_fake(config, GroupOnly(2, 2))
-    assert info.value.field == "error_strategy"
+def test_the_default_async_policy_is_pace_as_in_cookbook_0_6_1() -> None:
+    assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "pace"
 
 
 def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> None:
@@ -96,14 +106,16 @@ def test_config_round_trips_through_config_json(tmp_path: Path) -> None:
         loss_fn="ppo",
         loss_fn_config={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
         async_config=AsyncConfig(2, 4, "pace"),
-        error_strategy=MinViableGroup(min_successful=2, max_retries=3),
+        rollout_error_tolerance=MinViableGroup(min_successful=2, max_retries=3),
+        kl_penalty_coef=0.1,
+        kl_reference_config=KLReferenceConfig("trio-rl-tiny"),
         max_steps=9,
     )
     (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
     again = Config.from_json(json.loads((tmp_path / "config.json").read_text()))
     assert again == config and hash(again) == hash(config)
     again.validate()
-    assert isinstance(again.async_config, AsyncConfig) and isinstance(again.error_strategy, MinViableGroup)
+    assert isinstance(again.async_config, AsyncConfig) and isinstance(again.rollout_error_tolerance, MinViableGroup)
 
 
 def test_a_config_with_a_loss_fn_config_is_hashable() -> None:

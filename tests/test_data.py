@@ -15,7 +15,7 @@ from trio_rl import (
     remove_constant_reward_groups,
     trajectory_to_data,
 )
-from trio_rl.data import split_evenly
+from trio_rl.data import split_evenly, without_mask
 
 
 def ob(tokens: list[int]) -> tinker_types.ModelInput:
@@ -83,7 +83,31 @@ def test_cross_entropy_data_carries_weights_instead_of_rl_inputs() -> None:
     trajectory = Trajectory([turn([1, 2], [3, 4], [-0.1, -0.2])], ob([1, 2, 3, 4]))
     (datum,) = trajectory_to_data(trajectory, advantage=1.0, loss_fn="cross_entropy")
     assert inputs(datum, "weights") == [0.0, 1.0, 1.0]
-    assert set(datum.loss_fn_inputs) == {"target_tokens", "weights"}
+    # The action mask travels with the Datum, and is dropped when it is submitted.
+    assert set(datum.loss_fn_inputs) == {"target_tokens", "weights", "mask"}
+    assert set(without_mask(datum).loss_fn_inputs) == {"target_tokens", "weights"}
+
+
+def test_every_datum_carries_the_action_mask() -> None:
+    first = turn([1, 2], [3], [-0.3])
+    second = turn([1, 2, 3, 4], [5, 6], [-0.5, -0.6])
+    (datum,) = trajectory_to_data(Trajectory([first, second], ob([1, 2, 3, 4, 5, 6])), advantage=1.0)
+    assert inputs(datum, "mask") == [0.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_parse_error_masked_turn_trains_nothing_while_the_others_do() -> None:
+    first = turn([1, 2], [3], [-0.3])
+    first.metrics["parse_error_masked"] = 1.0
+    second = turn([1, 2, 3, 4], [5, 6], [-0.5, -0.6])
+    (datum,) = trajectory_to_data(Trajectory([first, second], ob([1, 2, 3, 4, 5, 6])), advantage=1.0)
+    assert inputs(datum, "mask") == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert inputs(datum, "advantages") == [0.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_missing_sampler_logprobs_raise_instead_of_becoming_zeros() -> None:
+    no_logprobs = Transition(ob([1, 2]), TokensWithLogprobs([3, 4], None), 0.0, True)
+    with pytest.raises(ValueError, match="turn 0: the sampler returned no logprobs"):
+        trajectory_to_data(Trajectory([no_logprobs], ob([1, 2, 3, 4])), advantage=1.0)
 
 
 def test_assemble_training_data_uses_group_advantages_in_order() -> None:
@@ -94,3 +118,30 @@ def test_assemble_training_data_uses_group_advantages_in_order() -> None:
 def test_split_evenly_sizes_differ_by_at_most_one() -> None:
     assert [len(c) for c in split_evenly(list(range(7)), 3)] == [3, 2, 2]
     assert split_evenly([], 2) == [[], []]
+
+
+def test_stable_reinforce_data_carries_which_sampled_sequence_each_token_came_from() -> None:
+    from tinker import types as t
+
+    first = Transition(ob([1, 2]), TokensWithLogprobs([3], [-0.3], sequence_id="s1"), 0.0, False)
+    second = Transition(ob([1, 2, 3, 4]), TokensWithLogprobs([5, 6], [-0.5, -0.6], sequence_id="s2"), 0.0, True)
+    trajectory = Trajectory([first, second], ob([1, 2, 3, 4, 5, 6]))
+    (datum,) = trajectory_to_data(trajectory, advantage=1.0, loss_fn="stable_reinforce")
+    # Tokens 1 2 | 3 | 4 | 5 6: s1's prompt, s1's sample, s2's prompt (from offset 3), s2's sample.
+    assert datum.model_input_spans == [
+        t.PromptProvenanceSpan(sequence_id="s1", offset=0, length=2),
+        t.SampledProvenanceSpan(sequence_id="s1", length=1),
+        t.PromptProvenanceSpan(sequence_id="s2", offset=3, length=1),
+        t.SampledProvenanceSpan(sequence_id="s2", length=1),
+    ]
+    assert datum.loss_fn_input_spans == [
+        t.PromptProvenanceSpan(sequence_id="s1", offset=1, length=1),
+        t.SampledProvenanceSpan(sequence_id="s1", length=1),
+        t.PromptProvenanceSpan(sequence_id="s2", offset=3, length=1),
+        t.SampledProvenanceSpan(sequence_id="s2", length=2),
+    ]
+    # Other losses do not need provenance, and an action without an id drops it.
+    (plain,) = trajectory_to_data(trajectory, advantage=1.0)
+    assert plain.model_input_spans is None
+    anonymous = Trajectory([turn([1, 2], [3], [-0.3])], ob([1, 2, 3]))
+    assert trajectory_to_data(anonymous, 1.0, loss_fn="stable_reinforce")[0].model_input_spans is None

@@ -64,6 +64,23 @@ def test_sync_runs_with_the_same_seed_give_bit_identical_weights(tmp_path: Path)
     assert weights_hash(c) != weights_hash(a)
 
 
+def test_on_policy_the_sampler_and_the_learner_agree_and_kl_penalty_runs(tmp_path: Path) -> None:
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    result = run_arithmetic(tmp_path / "a", 2, model=model, learning_rate=3e-3)
+    for record in result.step_metrics:
+        # Sync and on-policy at temperature 1: forward_backward sees the weights that sampled.
+        assert abs(record["optim/kl_sample_train_v1"]) < 1e-4 and record["optim/kl_sample_train_v2"] < 1e-8
+        assert record["optim/entropy"] > 0
+    from trio_rl import KLReferenceConfig
+
+    penalised = run_arithmetic(
+        tmp_path / "b", 2, model=model, learning_rate=3e-3,
+        kl_penalty_coef=0.5, kl_reference_config=KLReferenceConfig("trio-rl-tiny"),
+    )  # fmt: skip
+    first, second = penalised.step_metrics
+    # The reference is the initial weights: step 0 samples from them exactly, step 1 no longer does.
+    assert abs(first["kl_policy_base"]) < 1e-4
+    assert abs(second["kl_policy_base"]) > abs(first["kl_policy_base"])
 def test_sampler_snapshots_are_deleted_once_unused_unless_a_checkpoint_shares_their_step(tmp_path: Path) -> None:
     model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
     run_arithmetic(tmp_path, 30, model=model, learning_rate=3e-3, save_every=10)
@@ -72,4 +89,16 @@ def test_sampler_snapshots_are_deleted_once_unused_unless_a_checkpoint_shares_th
     gc.collect()
     kept = sorted(p.name for p in (tmp_path / "sampler_weights").iterdir())
     # Not one folder per step: only those of the saved states are left.
-    assert kept == ["step_000010", "step_000020", "step_000030"]
+    assert kept == ["000010", "000020", "000030"]
+
+
+def test_the_final_rows_sampler_weights_outlive_the_run(tmp_path: Path) -> None:
+    # The cookbook's sampling tools load a row's sampler_path: the final one must still exist
+    # when the final step is not a periodic one.
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    result = run_arithmetic(tmp_path, 3, model=model, learning_rate=3e-3, save_every=2)
+    import gc
+
+    gc.collect()
+    assert result.checkpoint is not None and result.checkpoint.name == "final"
+    assert result.checkpoint.sampler_path is not None and Path(result.checkpoint.sampler_path).is_dir()

@@ -91,7 +91,7 @@ def test_rl_losses_apply_weights_when_given() -> None:
 
 def test_check_loss_fn_rejects_unknown() -> None:
     with pytest.raises(ValueError, match="does not implement"):
-        check_loss_fn("dro", None)
+        check_loss_fn("gspo", None)
     with pytest.raises(ValueError, match="not used"):
         check_loss_fn("cross_entropy", {"clip_low_threshold": 0.5})
     with pytest.raises(ValueError):
@@ -133,3 +133,41 @@ async def test_forward_backward_reports_summed_losses(tmp_path: Path) -> None:
                 expected = -2.5 if loss_fn != "cispo" else -0.5 * sum(float(x.sum()) for x in lps)
                 assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5), loss_fn
                 assert set(out.loss_fn_outputs[0]) == {"logprobs", "elementwise_loss"}
+
+
+def test_dro_matches_the_published_formula() -> None:
+    from trio_rl.backends.local.losses import dro
+
+    lp = _lp()
+    loss = dro(lp, _inputs(), {"beta": 0.5})
+    # -(lp * A - beta / 2 * (lp - sampling)^2)
+    expected = [-(a * adv - 0.25 * (a - s) ** 2) for a, s, adv in zip(LP, SAMPLING, ADV)]
+    assert loss.tolist() == pytest.approx(expected, rel=1e-12)
+    loss.sum().backward()
+    # d/dlp = -A + beta * (lp - sampling)
+    grads = [-adv + 0.5 * (a - s) for a, s, adv in zip(LP, SAMPLING, ADV)]
+    assert lp.grad is not None and lp.grad.tolist() == pytest.approx(grads, rel=1e-12)
+    with pytest.raises(ValueError, match="needs loss_fn_config"):
+        check_loss_fn("dro", None)
+
+
+async def test_a_loss_local_backend_lacks_is_rejected_before_work_naming_the_backends(tmp_path: Path) -> None:
+    from trio_rl import Config, ConfigError, train
+    from trio_rl.testing import FakeDataset
+
+    async with LocalBackend(log_dir=tmp_path / "backend") as backend:
+        config = Config(log_path=tmp_path / "run", loss_fn="gspo")
+        with pytest.raises(ConfigError, match="does not implement loss_fn='gspo'.*LocalBackend.*TinkerBackend") as info:
+            await train(config, dataset=FakeDataset(1, 1), backend=backend)
+    assert info.value.field == "loss_fn"
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_loss_of_the_sdk_is_accepted_by_the_configuration(tmp_path: Path) -> None:
+    from typing import get_args
+
+    from trio_rl import Config
+
+    for loss in get_args(tinker_types.LossFnType):
+        if loss != "custom":
+            Config(log_path=tmp_path, loss_fn=loss).validate()

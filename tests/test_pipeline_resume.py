@@ -56,7 +56,7 @@ async def test_the_last_checkpoint_is_marked_final_even_when_saved_periodically(
     records = [(c.step, c.reason, c.final) for c in CheckpointLog(log_path).all()]
     assert records == [(2, "periodic", False), (4, "periodic", False), (4, "final", True)]
     # The final record points at the state saved at step 4; it was not saved twice.
-    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["step_000002", "step_000004"]
+    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["000002", "000004"]
     assert result.checkpoint is not None and result.checkpoint.final and result.checkpoint.step == 4
 
 

@@ -31,7 +31,7 @@ async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
     assert summary["run/trained_groups"] + summary["run/dropped_stale"] == dataset.total_groups == 24
     assert summary["run/cancelled_groups"] == 0
     for record in result.step_metrics:
-        assert record["sampling_client/staleness_max"] <= 1
+        assert record["async/staleness_max"] <= 1
 
 
 async def test_requeue_with_a_small_worker_pool_never_deadlocks(log_path: Path, autojump_clock: MockClock) -> None:
@@ -62,11 +62,11 @@ async def test_pace_bounds_staleness_and_groups_in_flight(log_path: Path, k: int
     )
     result = await run_fake(config, dataset, FakeBackend(sample_latency=random_latency, train_latency=1.0))
     assert result.trained_groups == 30 and result.dropped_groups == 0
-    assert max(r["sampling_client/staleness_max"] for r in result.step_metrics) <= k
+    assert max(r["async/staleness_max"] for r in result.step_metrics) <= k
     assert max(r["rollouts/in_flight_max"] for r in result.step_metrics) <= groups_per_batch * (k + 1)
     if k > 0:
         # Off-policy for real: some step trained on weights older than its own.
-        assert max(r["sampling_client/staleness_max"] for r in result.step_metrics) >= 1
+        assert max(r["async/staleness_max"] for r in result.step_metrics) >= 1
 
 
 def one_in_three_straggles(request: Any) -> float:
@@ -86,7 +86,7 @@ async def test_requeue_keeps_training_while_stragglers_are_out(log_path: Path, a
     # 32 fast groups make 8 steps; none of them waited for a straggler.
     assert len([t for t in step_times if t < 100.0]) >= 7
     assert result.summary["run/trained_groups"] + result.summary["run/dropped_stale"] == 48
-    assert max(r["sampling_client/staleness_max"] for r in result.step_metrics) <= 1
+    assert max(r["async/staleness_max"] for r in result.step_metrics) <= 1
 
 
 async def test_requeue_never_stops_for_rollouts_that_never_finish(log_path: Path, autojump_clock: MockClock) -> None:

@@ -110,4 +110,4 @@ async def test_a_cancel_after_the_last_step_still_saves_it_once(
     records = CheckpointLog(log_path).all()
     assert records and records[-1].final and records[-1].step == 4
     # Saved once, even when the cancel came in the middle of that save.
-    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["step_000004"]
+    assert [c.detail["name"] for c in backend.calls_of("save_state")] == ["000004"]

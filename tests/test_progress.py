@@ -18,7 +18,7 @@ def step(n: int, reward: float) -> dict[str, object]:
         "progress/groups": 4,
         "progress/trained_groups": 4 * (n + 1),
         REWARD_KEY: reward,
-        "sampling_client/staleness_max": n % 2,
+        "async/staleness_max": n % 2,
         "env/all/total_ac_tokens": 100,
         "env/all/total_ob_tokens": 50,
     }

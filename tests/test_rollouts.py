@@ -96,7 +96,7 @@ async def test_retry_on_failure_retries_one_fresh_env_and_records_errors() -> No
 async def test_retry_on_failure_raises_when_retries_run_out() -> None:
     spec = FakeEnvSpec(group_size=2, fail_at={(0, 0): "step"}, fail_attempts=None)
     builder = FakeEnvGroupBuilder((0, 0), spec, [])
-    with pytest.raises(GroupFailedError, match="after 2 retries") as info:
+    with pytest.raises(GroupFailedError, match="budget of 2 retries ran out") as info:
         await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=2))
     assert [(e.env_index, e.attempt) for e in info.value.errors] == [(0, 0), (0, 1), (0, 2)]
     assert isinstance(info.value.__cause__, RuntimeError)
@@ -130,18 +130,20 @@ async def test_min_viable_group_keeps_the_survivors_above_the_floor() -> None:
             return env
 
     builder = TwoFailing((0, 0), FakeEnvSpec(group_size=4), [])
-    group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=2, max_retries=1))
+    group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=2, max_retries=0))
     assert len(group.trajectories_G) == 2
-    assert sorted((e.env_index, e.attempt) for e in group.rollout_errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    with pytest.raises(GroupFailedError, match="needs 3"):
-        await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=3, max_retries=1))
+    assert sorted((e.env_index, e.attempt) for e in group.rollout_errors) == [(0, 0), (1, 0)]
+    # Below the floor, the group's budget of 2 retries is spent, one per failing slot.
+    with pytest.raises(GroupFailedError, match="needs 3") as info:
+        await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=3, max_retries=2))
+    assert sorted((e.env_index, e.attempt) for e in info.value.errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_error_strategy_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="max_retries"):
         RetryOnFailure(max_retries=-1)
     with pytest.raises(ValueError, match="per_rollout_timeout"):
-        RetryOnFailure(per_rollout_timeout=0)
+        RetryOnFailure(per_rollout_timeout=-1)
     with pytest.raises(ValueError, match="min_successful"):
         MinViableGroup(min_successful=0)
 

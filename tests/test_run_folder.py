@@ -71,8 +71,13 @@ async def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_one_befo
     newest = CheckpointLog(log_path).last()
     assert newest is not None and newest.step == 3
     del backend.states[newest.state_path]  # its files are gone
-    with pytest.warns(RunFolderWarning, match=r"checkpoint step_000003 \(step 3\) does not load"):
+    with pytest.warns(RunFolderWarning) as caught:
         result = await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(6, 4), backend)
+    # The final row and the periodic one of step 3 name the same state: both are skipped.
+    assert [str(w.message).split(": ", 1)[1].split(" (")[0] for w in caught] == [
+        "checkpoint final",
+        "checkpoint 000003",
+    ]
     assert result.step_metrics[0]["step"] == 2
     steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r]
     assert steps == list(range(6))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trio_rl import _tinker_compat as compat
 from trio_rl.step_metrics import result_metrics
 
@@ -24,3 +26,30 @@ def test_optimizer_metrics_are_prefixed() -> None:
 
     metrics = result_metrics([tinker_types.OptimStepResponse(metrics={"grad_norm": 0.5})])
     assert metrics["optim/grad_norm"] == 0.5
+
+
+def test_sample_train_kl_is_the_cookbooks_formula_on_action_tokens() -> None:
+    from tinker import types as tinker_types
+
+
+    from trio_rl.step_metrics import sample_train_kl
+
+    datum = tinker_types.Datum(
+        model_input=compat.model_input_from_ints([1, 2, 3]),
+        loss_fn_inputs={
+            "target_tokens": compat.tensor([2, 3, 4], "int64"),
+            "logprobs": compat.tensor([0.0, -1.0, -2.0], "float32"),
+            "advantages": compat.tensor([0.0, 1.0, 1.0], "float32"),
+            "mask": compat.tensor([0.0, 1.0, 1.0], "float32"),
+        },
+    )
+    output = compat.forward_backward_output(
+        [{"logprobs": compat.tensor([-9.0, -1.5, -1.0], "float32")}], {"loss:sum": 0.0}
+    )
+    # Action diffs (sampling - training): 0.5 and -1.0.
+    metrics = sample_train_kl([[datum]], [output])
+    assert metrics["optim/kl_sample_train_v1"] == pytest.approx((0.5 - 1.0) / 2)
+    assert metrics["optim/kl_sample_train_v2"] == pytest.approx(0.5 * (0.25 + 1.0) / 2)
+    assert metrics["optim/entropy"] == pytest.approx(1.5)
+    no_logprobs = compat.forward_backward_output([{}], {"loss:sum": 0.0})
+    assert sample_train_kl([[datum]], [no_logprobs]) == {}

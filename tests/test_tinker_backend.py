@@ -383,3 +383,19 @@ async def test_constructor_validation() -> None:
             TinkerBackend(service_client=service, api_key="tml-x")
     with pytest.raises(ValueError, match="optim_step must be a positive number"):
         TinkerTimeouts(optim_step=0)
+
+
+async def test_a_sampling_client_for_the_base_model_is_the_kl_reference(service: StandinServiceClient) -> None:
+    with trio.fail_after(5):
+        async with TinkerBackend(service_client=service) as backend:
+            reference = await backend.create_sampling_client(base_model=BASE_MODEL)
+            assert isinstance(reference, TinkerSamplingClient) and reference.model_path is None
+            assert (reference.sdk_client.base_model, reference.sdk_client.weights_step) == (BASE_MODEL, 0)
+            assert await reference.compute_logprobs(prompt(1, 2, 3)) == [None, -1.0, -1.0]
+            client = await new_client(backend)
+            await (await client.forward_backward([datum()], "importance_sampling")).result()
+            await (await client.optim_step(ADAM)).result()
+            saved = await client.save_weights_for_sampler("after-one-step")
+            loaded = await backend.create_sampling_client(base_model=BASE_MODEL, model_path=saved.model_path)
+            assert loaded.model_path == saved.model_path and loaded.sdk_client.weights_step == 1
+    assert service.loop_errors == []

@@ -15,7 +15,9 @@ from .data import assemble_training_data, compute_advantages, remove_constant_re
 from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
+from .kl import KLReferenceConfig
 from .metrics import trajectory_metrics
+from .rl_test_set import RLTestSetEvaluator
 from .rollouts import (
     ErrorStrategy,
     FailFast,
@@ -70,6 +72,7 @@ __all__ = [
     "EvaluationTimeoutError",
     "FailFast",
     "GroupFailedError",
+    "KLReferenceConfig",
     "InitialObservationOverflow",
     "Logprobs",
     "Logs",
@@ -79,6 +82,7 @@ __all__ = [
     "Pace",
     "PendingResult",
     "RLDataset",
+    "RLTestSetEvaluator",
     "RLDatasetBuilder",
     "Requeue",
     "RetryOnFailure",

@@ -7,9 +7,11 @@ themselves (the fake and the local one) go through here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tinker import types as tinker_types
@@ -61,3 +63,54 @@ def model_input_from_ints(tokens: list[int]) -> tinker_types.ModelInput:
 def tensor(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> tinker_types.TensorData:
     """A 1-D ``TensorData`` of ``dtype`` (``"float32"`` or ``"int64"``)."""
     return tinker_types.TensorData(data=np.asarray(values, dtype=dtype), dtype=dtype)  # type: ignore[arg-type]
+
+
+def with_loss_fn_inputs(
+    datum: tinker_types.Datum, inputs: dict[str, tinker_types.TensorData]
+) -> tinker_types.Datum:
+    """``datum`` with other ``loss_fn_inputs`` (a dataclass in recent SDKs, a pydantic model in older ones).
+
+    The inputs are the datum's own, less some or with values of the same shapes, so
+    the SDK's validation is not run again (it was the larger part of the cost of
+    dropping every Datum's mask at submission).
+    """
+    if dataclasses.is_dataclass(datum):
+        copied = copy.copy(datum)
+        object.__setattr__(copied, "loss_fn_inputs", inputs)
+        return copied
+    return datum.model_copy(update={"loss_fn_inputs": inputs})  # type: ignore[attr-defined]
+
+
+HAS_PROVENANCE = hasattr(tinker_types, "SampledProvenanceSpan") and hasattr(tinker_types.Datum, "with_provenance")
+"""Whether this SDK can say which sampled sequence a Datum's tokens came from (after 0.24)."""
+
+
+def prompt_span(sequence_id: str, *, offset: int, length: int) -> Any:
+    """Tokens ``offset:offset + length`` of the prompt of the request that sampled ``sequence_id``."""
+    return tinker_types.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)  # type: ignore[attr-defined]
+
+
+def sampled_span(sequence_id: str, *, length: int) -> Any:
+    """The first ``length`` sampled tokens of ``sequence_id``."""
+    return tinker_types.SampledProvenanceSpan(sequence_id=sequence_id, length=length)  # type: ignore[attr-defined]
+
+
+def drop_first(spans: list[Any]) -> list[Any]:
+    """The spans of the same tokens without the first position."""
+    first, rest = spans[0], spans[1:]
+    if first.length == 1:
+        return rest
+    return [dataclasses.replace(first, offset=first.offset + 1, length=first.length - 1), *rest]
+
+
+def drop_last(spans: list[Any]) -> list[Any]:
+    """The spans of the same tokens without the last position."""
+    last, rest = spans[-1], spans[:-1]
+    if last.length == 1:
+        return rest
+    return [*rest, dataclasses.replace(last, length=last.length - 1)]
+
+
+def with_provenance(datum: tinker_types.Datum, model_input: list[Any], loss_fn_inputs: list[Any]) -> tinker_types.Datum:
+    """``datum`` carrying provenance spans (validated by the SDK against the Datum's lengths)."""
+    return datum.with_provenance(model_input=model_input, loss_fn_inputs=loss_fn_inputs)  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ import trio
 from .backends.protocol import TrainingClient
 from .jsonl import DamagedFileError, read_records
 from .ledger import DataLedger
+from .weights import LatestWeights
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 
@@ -19,10 +21,21 @@ CHECKPOINTS_FILE = "checkpoints.jsonl"
 class CheckpointRecord:
     """One saved training state, as a line of ``checkpoints.jsonl``.
 
+    The first six fields are tinker-cookbook's, with its meanings, so that its
+    ``checkpoint_utils.get_last_checkpoint`` and sampling tools read a trio_rl
+    run; the rest are trio_rl's own.
+
     Attributes:
-        name: the name the state was saved under.
-        step: training steps completed when it was saved (the weights version).
+        name: ``%06d`` of the step, or ``"final"`` for the run's last state, as the cookbook
+            labels its rows (the state itself is saved under ``%06d``, the name its
+            sampler weights share, so a backend can tell they belong together).
+        batch: training steps completed (the cookbook's batch to resume from).
         state_path: where ``save_state`` put weights and optimizer state.
+        sampler_path: where the sampler weights of this step were saved, if they were saved by name.
+        cumulative_tokens: tokens counted so far, by kind (sampled, prefill_cached,
+            prefill_uncached, trained), discarded ones included.
+        discarded_tokens: the part of those spent on groups removed by the constant-reward filter.
+        step: the same as ``batch`` (the weights version).
         cursor: the next ``(batch, group)`` of the dataset not yet handed out.
         outstanding: ``(batch, group)`` items handed out but neither trained nor
             dropped when the state was saved; a resumed run samples them first.
@@ -31,12 +44,20 @@ class CheckpointRecord:
     """
 
     name: str
-    step: int
+    batch: int
     state_path: str
-    cursor: tuple[int, int]
+    sampler_path: str | None = None
+    cumulative_tokens: dict[str, int] = field(default_factory=dict[str, int])
+    discarded_tokens: dict[str, int] = field(default_factory=dict[str, int])
+    step: int = -1
+    cursor: tuple[int, int] = (0, 0)
     outstanding: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
     final: bool = False
     reason: str = "periodic"
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            object.__setattr__(self, "step", self.batch)
 
 
 class CheckpointLog:
@@ -64,14 +85,25 @@ class CheckpointLog:
         return checkpoints[-1] if checkpoints else None
 
 
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(CheckpointRecord))
+
+
 def _parse(raw: dict[str, object], path: Path, number: int) -> CheckpointRecord:
+    """A trio_rl row, or a cookbook row (no ``cursor``: step ``batch`` resumes at dataset batch ``batch``)."""
     try:
-        fields = dict(raw)
-        fields["cursor"] = tuple(fields["cursor"])  # type: ignore[arg-type]
+        fields = {k: v for k, v in raw.items() if k in _RECORD_FIELDS}
+        batch = fields.get("batch", fields.get("step"))
+        if batch is None:
+            raise KeyError("batch")
+        fields["batch"] = batch
+        fields["cursor"] = tuple(fields.get("cursor", (batch, 0)))  # type: ignore[arg-type]
         fields["outstanding"] = [tuple(item) for item in fields.get("outstanding", [])]  # type: ignore[attr-defined]
+        fields["final"] = bool(fields.get("final", False))
         return CheckpointRecord(**fields)  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
-        raise DamagedFileError(f"{path}, record {number}: not a trio_rl checkpoint record ({exc!r})") from None
+        raise DamagedFileError(
+            f"{path}, record {number}: neither a trio_rl nor a tinker-cookbook checkpoint record ({exc!r})"
+        ) from None
 
 
 class CheckpointKeeper:
@@ -81,35 +113,47 @@ class CheckpointKeeper:
         log: the run's checkpoint log.
         client: the training client whose state is saved.
         ledger: the run's data ledger, read at each save.
+        weights: the published weights, whose sampler path each row records.
         shielded: finish a save that a cancellation interrupts (``Config.save_on_cancel``):
             an interrupted save may still be writing, so it must not be started again.
     """
 
-    def __init__(self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, *, shielded: bool) -> None:
+    def __init__(
+        self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, weights: LatestWeights, *, shielded: bool
+    ) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
+        self._weights = weights
         self._shielded = shielded
         self._last: tuple[int, str] | None = None
         self.final: CheckpointRecord | None = None
         """The final checkpoint, once written."""
 
-    async def save(self, step: int, *, final: bool, reason: str) -> CheckpointRecord:
-        """Save the state after ``step`` steps and record it."""
-        name = f"step_{step:06d}"
+    async def save(
+        self, step: int, *, final: bool, reason: str, tokens: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    ) -> CheckpointRecord:
+        """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``."""
+        name = "final" if final else f"{step:06d}"
+        saved_as = f"{step:06d}"
         # The weights of a step saved periodically are still the final ones:
         # record that state again as final rather than save it twice.
         if self._last is None or self._last[0] != step:
             with trio.CancelScope(shield=self._shielded):
-                self._last = (step, await self._client.save_state(name))
+                self._last = (step, await self._client.save_state(saved_as))
         assert self._last is not None and self._last[0] == step
         path = self._last[1]
         ledger = self._ledger
         ledger.read_notes()
+        version, sampler = self._weights.latest()
         record = CheckpointRecord(
             name=name,
-            step=step,
+            batch=step,
             state_path=path,
+            sampler_path=sampler.model_path if version == step else None,
+            cumulative_tokens=tokens[0],
+            discarded_tokens=tokens[1],
+            step=step,
             cursor=(ledger.cursor.batch, ledger.cursor.group),
             outstanding=[(k.batch, k.group) for k in ledger.outstanding],
             final=final,

@@ -43,6 +43,7 @@ from .checkpoint import CheckpointLog
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
+from .kl import KLReferenceConfig
 from .plotting import write_curves
 from .progress import REWARD_KEY, RunProgress
 from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
@@ -75,7 +76,8 @@ class CommonArgs:
 
     Every :class:`~trio_rl.Config` field has a flag here (``--model`` is ``base_model``;
     ``--mode`` with the mode's own flags selects ``async_config`` or
-    ``stream_minibatch_config``; ``--error-strategy`` with its flags is ``error_strategy``).
+    ``stream_minibatch_config``; ``--error-strategy`` with its flags is ``rollout_error_tolerance``;
+    ``--kl-reference-model`` is ``kl_reference_config``).
     """
 
     log_path: str = "runs/example"
@@ -129,19 +131,23 @@ class CommonArgs:
     remove_constant_reward_groups: bool = False
     """drop groups whose rewards are all equal (they carry no advantage)"""
     kl_penalty_coef: float = 0.0
-    """reserved: a KL penalty needs a reference model, which is not supported yet (keep 0)"""
+    """KL penalty against the reference model, added to the advantages as tinker-cookbook does (0: none)"""
+    kl_discount_factor: float = 0.0
+    """with a KL penalty: sum each token's penalty over the future with this discount (0: none)"""
+    kl_reference_model: str | None = None
+    """with a KL penalty: the reference model (None: the --model being trained, as it started)"""
     seed: int = 0
     """seed of the data, the initial weights and every rollout"""
     num_workers: int | None = None
     """concurrent rollout workers (None: enough for every group in flight)"""
     error_strategy: Literal["fail-fast", "retry", "min-viable"] = "fail-fast"
     """what a failed rollout does: fail the run, retry it, or keep a group with --min-successful rollouts"""
-    max_retries: int = 2
-    """retry and min-viable: retries per env slot after the first attempt"""
+    max_retries: int = 3
+    """retry and min-viable: retries for the whole group (one budget, as in tinker-cookbook)"""
     per_rollout_timeout: float | None = None
     """retry and min-viable: seconds one rollout attempt may take (None: no limit)"""
-    min_successful: int = 1
-    """min-viable: the fewest successful rollouts that keep a group"""
+    min_successful: int | None = None
+    """min-viable: the fewest successful rollouts that keep a group (None: ceil(0.75 * group size))"""
     resume: bool = False
     """continue from the newest checkpoint in --log-path that loads"""
     overwrite: bool = False
@@ -214,7 +220,7 @@ def _error_strategy(args: CommonArgs) -> ErrorStrategy:
         if args.error_strategy == "min-viable":
             return MinViableGroup(args.min_successful, args.max_retries, args.per_rollout_timeout)
     except ValueError as error:
-        raise ConfigError("error_strategy", str(error)) from error
+        raise ConfigError("rollout_error_tolerance", str(error)) from error
     return FailFast()
 
 
@@ -231,7 +237,9 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     names = {f.name for f in dataclasses.fields(Config)}
     values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in names}
     values["base_model"] = args.model or "trio-rl-tiny"
-    values["error_strategy"] = _error_strategy(args)
+    values["rollout_error_tolerance"] = _error_strategy(args)
+    if args.kl_penalty_coef > 0:
+        values["kl_reference_config"] = KLReferenceConfig(args.kl_reference_model or values["base_model"])
     if args.mode == "async":
         values["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
     elif args.mode == "stream":

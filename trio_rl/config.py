@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from tinker import types as tinker_types
 
 from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
-from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from .kl import KLReferenceConfig
+from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure, rollout_strategy_from_config
 from .schedule import Pace, Requeue, Schedule, Stream, Sync
 
-LOSS_FNS: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro", "cross_entropy")
+LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnType) if name != "custom")
+"""Every loss the installed tinker SDK's ``LossFnType`` admits, except ``custom`` (a client-side
+loss, which needs ``forward_backward_custom``); whether a backend trains it is its own check."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,16 @@ class AsyncConfig:
         max_steps_off_policy: K, how many steps behind the trainer a group's
             sampling weights may be when it is trained.
         groups_per_batch: groups per training step.
-        staleness: ``"requeue"`` resamples groups more than K steps stale while
-            the dataset still has data and drops them (counted) afterwards;
-            ``"pace"`` never starts a group that could end up more than K steps
-            stale, so nothing is discarded.
+        staleness: ``"pace"`` (the default, tinker-cookbook 0.6.1's behaviour)
+            never starts a group that could end up more than K steps stale, so
+            no completed group is discarded; ``"requeue"`` (the cookbook 0.5.5
+            behaviour) resamples groups more than K steps stale while the
+            dataset still has data and drops them (counted) afterwards.
     """
 
     max_steps_off_policy: int
     groups_per_batch: int
-    staleness: Literal["requeue", "pace"] = "requeue"
+    staleness: Literal["pace", "requeue"] = "pace"
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split."""
@@ -94,10 +98,18 @@ class Config:
         max_steps: stop once this many training steps are done, counting those before a
             resume (None: when the data runs out).
         remove_constant_reward_groups: drop groups whose rewards are all equal.
-        kl_penalty_coef: reserved; a nonzero value is rejected until a reference model is supported.
+        kl_penalty_coef: the KL penalty against ``kl_reference_config``'s model, added to the
+            advantages as tinker-cookbook does (0: none).
+        kl_discount_factor: with a KL penalty, sum each token's penalty over the future
+            with this discount (0: no discounting).
+        kl_reference_config: the reference model; required when ``kl_penalty_coef > 0``.
         seed: seed from which every rollout's randomness derives.
         num_workers: concurrent rollout workers (None: enough for every group in flight).
-        error_strategy: what a failed rollout does to its group.
+        rollout_error_tolerance: what a failed rollout does to its group, as in
+            tinker-cookbook: ``False`` (:class:`~trio_rl.FailFast`: the run ends),
+            ``True`` (:class:`~trio_rl.RetryOnFailure` with its defaults), or a
+            strategy. Under a retrying strategy a group that fails beyond its
+            tolerance is skipped and counted (``rollout_errors/...``).
         stream_minibatch_config, async_config: select the mode (neither: sync on-policy).
         load_checkpoint_path: resume from this ``save_state`` path (see also ``resume``).
         resume: resume from the newest checkpoint recorded in ``log_path`` that loads, if
@@ -139,9 +151,11 @@ class Config:
     max_steps: int | None = None
     remove_constant_reward_groups: bool = False
     kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    kl_reference_config: KLReferenceConfig | None = None
     seed: int = 0
     num_workers: int | None = None
-    error_strategy: ErrorStrategy = field(default_factory=FailFast)
+    rollout_error_tolerance: bool | ErrorStrategy = False
     stream_minibatch_config: StreamMinibatchConfig | None = None
     async_config: AsyncConfig | None = None
     load_checkpoint_path: str | None = None
@@ -179,6 +193,10 @@ class Config:
             sc = self.stream_minibatch_config
             return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
         return Sync(max(1, dataset_batch_size), self.num_substeps)
+
+    def rollout_strategy(self) -> ErrorStrategy:
+        """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``)."""
+        return rollout_strategy_from_config(self.rollout_error_tolerance)
 
     def adam_params(self) -> tinker_types.AdamParams:
         """The ``AdamParams`` sent with every ``optim_step``."""
@@ -260,10 +278,11 @@ class Config:
             _non_negative("max_steps", self.max_steps, "None trains until the data runs out")
         if self.num_workers is not None:
             _positive("num_workers", self.num_workers, "at least 1, or None for the default")
-        if self.kl_penalty_coef != 0.0:
-            raise ConfigError(
-                "kl_penalty_coef", "a KL penalty needs a reference model, which trio_rl does not support yet; set it to 0"
-            )
+        _check_kl_penalty(self)
+        try:
+            self.rollout_strategy()
+        except TypeError as error:
+            raise ConfigError("rollout_error_tolerance", str(error)) from None
         if self.async_config is not None and self.stream_minibatch_config is not None:
             raise ConfigError(
                 "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"
@@ -285,7 +304,8 @@ class Config:
 
 
 _JSON_TYPES: dict[str, type[Any]] = {
-    t.__name__: t for t in (AsyncConfig, StreamMinibatchConfig, FailFast, RetryOnFailure, MinViableGroup)
+    t.__name__: t
+    for t in (AsyncConfig, StreamMinibatchConfig, FailFast, RetryOnFailure, MinViableGroup, KLReferenceConfig)
 }
 """The nested dataclasses :meth:`Config.to_json` may write, by the ``type`` it records."""
 
@@ -306,6 +326,18 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted(cast(dict[str, Any], value).items()))
     return value
+
+
+def _check_kl_penalty(config: Config) -> None:
+    _non_negative("kl_penalty_coef", config.kl_penalty_coef, "0 disables the KL penalty")
+    _non_negative("kl_discount_factor", config.kl_discount_factor, "0 disables discounting")
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
+        raise ConfigError(
+            "kl_reference_config",
+            "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
+        )
+    if config.kl_penalty_coef > 0 and config.loss_fn == "cross_entropy":
+        raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
 
 
 def _positive(name: str, value: float, fix: str) -> None:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .types import PARSE_ERROR_MASKED_METRIC_KEY, Trajectory, TrajectoryGroup
+from .types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
+
+PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
+"""Losses that read a Datum's provenance (which sampled sequence each token came from)."""
+
+MASK_KEY = "mask"
+"""The action mask every Datum carries, as in the cookbook; :func:`without_mask` drops it before submission."""
 
 def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     """Group-centred advantages: each trajectory's total reward minus its group's mean."""
@@ -42,6 +48,8 @@ class _Sequence:
     logprobs: list[float] = field(default_factory=list[float])
     advantages: list[float] = field(default_factory=list[float])
     mask: list[float] = field(default_factory=list[float])
+    spans: list[Any] | None = field(default_factory=list[Any])
+    """Where each token came from while every action has a ``sequence_id`` (None once one does not)."""
 
     def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:
         self.tokens.extend(tokens)
@@ -49,15 +57,44 @@ class _Sequence:
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
 
+    def note_provenance(self, new_ob_tokens: int, action: TokensWithLogprobs) -> None:
+        """Record that the new observation tokens end the prompt of ``action``'s request, then its tokens."""
+        if self.spans is None or action.sequence_id is None or not compat.HAS_PROVENANCE:
+            self.spans = None
+            return
+        if new_ob_tokens:
+            self.spans.append(
+                compat.prompt_span(action.sequence_id, offset=len(self.tokens) - new_ob_tokens, length=new_ob_tokens)
+            )
+        if action.tokens:
+            self.spans.append(compat.sampled_span(action.sequence_id, length=len(action.tokens)))
+
+    def extend_action(self, action: TokensWithLogprobs, advantage: float, masked: bool, turn: int) -> None:
+        if not action.tokens:
+            return  # an initial-observation overflow: nothing was sampled
+        if action.maybe_logprobs is None:
+            # Zeros would silently turn every importance ratio into exp(logprob):
+            # the cookbook raises, and so do we.
+            raise ValueError(f"turn {turn}: the sampler returned no logprobs for the action; RL data needs them")
+        if len(action.maybe_logprobs) != len(action.tokens):
+            raise ValueError(
+                f"turn {turn}: {len(action.tokens)} action tokens but {len(action.maybe_logprobs)} logprobs"
+            )
+        self.extend(action.tokens, action.maybe_logprobs, 0.0 if masked else advantage, trained=not masked)
+
     def to_datum(self, loss_fn: str) -> tinker_types.Datum:
         # The model reads tokens[:-1] and is scored on predicting tokens[1:].
-        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64")}
+        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64"), MASK_KEY: compat.tensor(self.mask[1:], "float32")}
         if loss_fn == "cross_entropy":
             inputs["weights"] = compat.tensor(self.mask[1:], "float32")
         else:
             inputs["logprobs"] = compat.tensor(self.logprobs[1:], "float32")
             inputs["advantages"] = compat.tensor(self.advantages[1:], "float32")
-        return tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
+        datum = tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
+        if loss_fn in PROVENANCE_LOSSES and self.spans:
+            # The input drops the sequence's last token, the targets its first.
+            return compat.with_provenance(datum, compat.drop_last(self.spans), compat.drop_first(self.spans))
+        return datum
 
 
 def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling") -> list[tinker_types.Datum]:
@@ -66,10 +103,12 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
     Turns whose observation extends the sequence so far (the usual multi-turn chat
     case) are merged into one Datum; an observation that does not extend it starts
     a new Datum. Observation tokens carry zero advantage and zero logprob; action
-    tokens carry the trajectory's advantage and the sampler's logprobs, except in
-    a transition whose ``parse_error_masked`` metric is set, whose action tokens
-    get zero advantage and weight. An empty transition (an initial-observation
-    overflow) adds no tokens.
+    tokens carry the trajectory's advantage and the sampler's logprobs, except
+    in turns whose metrics set ``parse_error_masked`` (mask and advantage 0).
+    Every Datum also carries the action ``mask`` (see :func:`without_mask`).
+
+    Raises:
+        ValueError: an action was sampled without logprobs (they are never replaced by zeros).
 
     Args:
         trajectory: the episode.
@@ -81,20 +120,24 @@ def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = 
         One Datum per maximal run of extending turns.
     """
     data: list[tinker_types.Datum] = []
-    current = _Sequence()
-    for transition in trajectory.transitions:
+    # Provenance is only gathered for the losses that read it: its spans cost an object per turn.
+    tracks = loss_fn in PROVENANCE_LOSSES
+    current = _Sequence(spans=[] if tracks else None)
+    for turn, transition in enumerate(trajectory.transitions):
         ob_tokens = transition.ob.to_ints()
         if ob_tokens[: len(current.tokens)] == current.tokens:
+            new_ob = len(ob_tokens) - len(current.tokens)
             current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
         else:
             if len(current.tokens) > 1:
                 data.append(current.to_datum(loss_fn))
-            current = _Sequence()
+            current = _Sequence(spans=[] if tracks else None)
+            new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
-        action = transition.ac
+        current.note_provenance(new_ob, transition.ac)
         # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
-        masked = bool(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY))
-        current.extend(action.tokens, action.maybe_logprobs, advantage, trained=not masked)
+        masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
+        current.extend_action(transition.ac, advantage, masked, turn)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
@@ -114,6 +157,14 @@ def assemble_training_data(
         for trajectory, advantage in zip(group.trajectories_G, advantages, strict=True):
             data.extend(trajectory_to_data(trajectory, advantage, loss_fn))
     return data
+
+
+def without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
+    """``datum`` without its ``mask`` input, as it is submitted (the cookbook's ``_remove_mask``)."""
+    if MASK_KEY not in datum.loss_fn_inputs:
+        return datum
+    inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k != MASK_KEY}
+    return compat.with_loss_fn_inputs(datum, inputs)
 
 
 def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:

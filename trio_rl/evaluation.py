@@ -42,7 +42,7 @@ async def evaluate(
             results.update(await call_evaluator(evaluator, client))
         if scope.cancelled_caught:
             raise EvaluationTimeoutError(evaluator_name(evaluator), step, timeout)
-    results["time/eval"] = time.perf_counter() - started
+    results["time/run_evals"] = time.perf_counter() - started
     return results
 
 

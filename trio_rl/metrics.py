@@ -78,7 +78,9 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
         tags: each group's ``logging_tags()``, aligned with ``groups``.
 
     Returns:
-        ``env/all/...`` for every group and ``env/<tag>/...`` for each tag's groups.
+        ``env/all/...`` for every group and ``env/<tag>/...`` for each tag's groups,
+        the latter only when some tag selects a strict subset of the groups (as
+        the cookbook does: a tag that covers every group would repeat ``env/all``).
     """
     if len(groups) != len(tags):
         raise ValueError(f"{len(groups)} groups but {len(tags)} tag lists")
@@ -87,8 +89,9 @@ def trajectory_metrics(groups: Sequence[TrajectoryGroup], tags: Sequence[Sequenc
     for group, group_tags in zip(groups, tags, strict=True):
         for tag in group_tags:
             by_tag[tag].append(group)
-    for tag in sorted(by_tag):
-        out.update(_metrics_for(f"env/{tag}", by_tag[tag]))
+    if any(len(tagged) < len(groups) for tagged in by_tag.values()):
+        for tag in sorted(by_tag):
+            out.update(_metrics_for(f"env/{tag}", by_tag[tag]))
     return out
 
 

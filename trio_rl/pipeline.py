@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import trio
@@ -40,15 +40,16 @@ from .determinism import derive_seed, settle
 from .errors import NonFiniteError
 from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
+from .kl import reference_logprob_diffs
 from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import RunCounts, count_metrics, group_metrics, result_metrics
+from .step_metrics import RunCounts, TokenCounts, group_metrics, rollout_error_metrics, step_tokens, trained_step_metrics
 from .training_step import StepRunner, TrainedStep
 from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
-from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, WorkItem
+from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
 
 EVAL_QUEUE_SIZE = 4
 """Due evaluations that may wait while the evaluator is busy before the trainer waits too."""
@@ -65,6 +66,8 @@ class RolloutSettings:
     staleness_limit: int
     abandon_stale: bool
     exact_version: bool
+    reference: SamplingClient | None = None
+    """The KL penalty's reference model, when there is one."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,12 @@ class TrainerSettings:
     save_every: int
     save_on_cancel: bool
     cancel_save_timeout: float
+    planned_steps: int | None = None
+    """The steps the run expects in all (for ``progress/done_frac``), when known."""
+    learning_rate: float | None = None
+    """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
+    start_tokens: tuple[TokenCounts, TokenCounts] = (TokenCounts(), TokenCounts())
+    """Cumulative and discarded tokens before this run (from the checkpoint resumed)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,9 @@ async def run_pipeline(
             planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
             runner=runner,
             ledger=ledger,
-            checkpoints=CheckpointKeeper(checkpoint_log, training_client, ledger, shielded=trainer.save_on_cancel),
+            checkpoints=CheckpointKeeper(
+                checkpoint_log, training_client, ledger, weights, shielded=trainer.save_on_cancel
+            ),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
             metrics=metrics,
@@ -406,7 +417,35 @@ async def rollout_worker(
 
 
 async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: LatestWeights) -> Delivery:
-    """Make the envs, wait for fresh-enough weights, roll out the group, build its data."""
+    """Roll out one item; a group that fails under a tolerant strategy becomes a :class:`SkippedGroup`.
+
+    Under ``FailFast`` (which catches nothing) the failure propagates and ends
+    the run. Building the training data is not part of the rollout: its
+    errors always propagate.
+    """
+    try:
+        rolled = await _roll_out(item, settings, weights)
+    except Exception as failure:
+        if not settings.error_strategy.catches_group_errors:
+            raise
+        return SkippedGroup(item, failure, list(getattr(failure, "errors", [])))
+    if isinstance(rolled, AbandonedGroup):
+        return rolled
+    version, group = rolled
+    # Outside the try: a non-finite reward ends the run under every strategy.
+    _check_finite_rewards(item, version, group.get_total_rewards())
+    # Advantages are centred within the group, so its data can be built here,
+    # while other groups are still sampling, instead of on the trainer's path.
+    data = assemble_training_data([group], settings.loss_fn)
+    # Scored here, beside the other groups' sampling, so the trainer only adds.
+    diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
+    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data, diffs)
+
+
+async def _roll_out(
+    item: WorkItem, settings: RolloutSettings, weights: LatestWeights
+) -> tuple[int, TrajectoryGroup] | AbandonedGroup:
+    """Make the envs, wait for fresh-enough weights, roll out the group."""
     # Envs are made before waiting for weights, so the group is ready to sample
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
@@ -428,11 +467,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
-    _check_finite_rewards(item, version, group.get_total_rewards())
-    # Advantages are centred within the group, so its data can be built here,
-    # while other groups are still sampling, instead of on the trainer's path.
-    data = assemble_training_data([group], settings.loss_fn)
-    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data)
+    return version, group
 
 
 def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:
@@ -494,7 +529,7 @@ class Trainer:
         self._metrics = metrics
         self._stop_rollouts = stop_rollouts
         self.step = settings.start_step
-        self.counts = RunCounts()
+        self.counts = RunCounts(cumulative_tokens=settings.start_tokens[0], discarded_tokens=settings.start_tokens[1])
         self._started = time.perf_counter()
 
     async def run(self) -> TrainerOutcome:
@@ -513,7 +548,7 @@ class Trainer:
                     interrupted = await self._runner.finish_interrupted(self._summarize)
                     if interrupted is not None:
                         self._record(interrupted)
-                    await self._checkpoints.save(self.step, final=True, reason="cancelled")
+                    await self._checkpoints.save(self.step, final=True, reason="cancelled", tokens=self._tokens())
             raise
 
     async def _train_steps(self) -> bool:
@@ -532,9 +567,12 @@ class Trainer:
             self._gate.consume(len(done.taken))
             every = self._settings.save_every
             if every and self.step % every == 0:
-                await self._checkpoints.save(self.step, final=False, reason="periodic")
+                await self._checkpoints.save(self.step, final=False, reason="periodic", tokens=self._tokens())
             await self._evals.request_if_due(self.step)
         return True
+
+    def _tokens(self) -> tuple[dict[str, int], dict[str, int]]:
+        return asdict(self.counts.cumulative_tokens), asdict(self.counts.discarded_tokens)
 
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
@@ -542,6 +580,8 @@ class Trainer:
     def _record(self, done: TrainedStep) -> None:
         self._ledger.retire(g.item.key for g in done.taken)
         c = self.counts
+        trained_ids = {id(g) for g in done.trained}
+        tokens, discarded = step_tokens(done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted)
         self.counts = RunCounts(
             trained_groups=c.trained_groups + len(done.trained),
             filtered_groups=c.filtered_groups + len(done.taken) - len(done.trained),
@@ -549,12 +589,17 @@ class Trainer:
             dropped_stale=self._planner.dropped_stale,
             in_flight_max=max(c.in_flight_max, len(self._ledger.outstanding)),
             empty_batches=self._ledger.empty_batches,
+            groups_skipped=self._planner.groups_skipped,
+            error_types=c.with_errors_of(done.taken),
+            cumulative_tokens=c.cumulative_tokens + tokens + discarded,
+            discarded_tokens=c.discarded_tokens + discarded,
         )
-        metrics = {**done.summary, **result_metrics(done.results), **count_metrics(self.counts)}
+        metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
         if not math.isfinite(metrics["train/loss:sum"]):
             # Checked before anything is recorded or saved: the state is unusable.
             raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")
-        metrics["time/train"] = done.train_seconds
+        if self._settings.learning_rate is not None:
+            metrics.setdefault("optim/lr", self._settings.learning_rate)
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1
         self._metrics.write(done.step, metrics)
@@ -566,6 +611,7 @@ class Trainer:
             requeued=self._planner.requeued,
             dropped_stale=self._planner.dropped_stale,
             empty_batches=self._ledger.empty_batches,
+            groups_skipped=self._planner.groups_skipped,
         )
         cancelled = len(self._ledger.outstanding)
         # The final weights get a record of their own: where the data went.
@@ -580,11 +626,13 @@ class Trainer:
                 "run/cancelled_groups": cancelled,
                 "run/filtered_constant": counts.filtered_groups,
                 "run/empty_batches": counts.empty_batches,
+                "run/groups_skipped": counts.groups_skipped,
+                **rollout_error_metrics(counts),
             },
         )
         await self._evals.request_if_due(self.step, final=True)
         self._evals.close()
-        checkpoint = await self._checkpoints.save(self.step, final=True, reason="final")
+        checkpoint = await self._checkpoints.save(self.step, final=True, reason="final", tokens=self._tokens())
         return TrainerOutcome(self.step, stopped, counts, cancelled, checkpoint)
 
 

@@ -42,7 +42,7 @@ class RunProgress:
         parts = [f"reward {reward:.3f}" if isinstance(reward, float) else "reward -"]
         parts += [f"{key.rsplit('/', 1)[-1]} {value:.3f}" for key, value in self.last_eval.items()]
         parts += [
-            f"stale<={record.get('sampling_client/staleness_max', 0)}",
+            f"stale<={record.get('async/staleness_max', 0)}",
             f"{record.get('progress/trained_groups', 0) / elapsed:.1f} groups/s",
             f"{self.tokens / elapsed / 1000:.1f}k tok/s",
         ]

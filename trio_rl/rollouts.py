@@ -7,12 +7,16 @@ rollout does to its group; they are built from nurseries and cancel scopes, and
 failures are captured with :mod:`outcome`:
 
 - :class:`FailFast`: the first failure cancels the group and propagates.
-- :class:`RetryOnFailure`: each failed rollout is retried on one fresh env; the
-  group fails only if some env exhausts its retries.
-- :class:`MinViableGroup`: like ``RetryOnFailure``, but the group survives with
-  whatever succeeded as long as at least ``min_successful`` rollouts did.
+- :class:`RetryOnFailure`: failed rollouts are retried on fresh envs from one
+  budget for the whole group; a failure once it is spent fails the group.
+- :class:`MinViableGroup`: failures are retried only while fewer than the floor
+  (default ``ceil(0.75 * G)``) have succeeded; the group survives with whatever
+  succeeded as long as the floor is met.
 
-Every failed attempt is recorded as a :class:`RolloutError` on its group.
+These are tinker-cookbook 0.6.1's strategies with its names, defaults and
+meanings (``Config.rollout_error_tolerance``). A group that fails under a
+retrying strategy is skipped and counted by the run; under ``FailFast`` the run
+ends. Every failed attempt is recorded as a :class:`RolloutError` on its group.
 
 Every coroutine method of a user object (env, builder) is called through
 :func:`trio_rl.asyncio_bridge.call_user`, so asyncio-flavoured envs (the
@@ -21,6 +25,7 @@ cookbook's) run on the run's asyncio loop and Trio ones run natively.
 
 from __future__ import annotations
 
+import itertools
 import functools
 import inspect
 import math
@@ -180,11 +185,12 @@ class GroupRollout:
 
 
 class ErrorStrategy(Protocol):
-    """Runs the rollouts of one group and decides what failures mean."""
+    """Runs the rollouts of one group and decides what failures mean (tinker-cookbook's ``RolloutStrategy``)."""
 
     @property
-    def max_retries(self) -> int:
-        """How many times one env slot may be retried (0: never)."""
+    def catches_group_errors(self) -> bool:
+        """Whether a group that fails (beyond tolerance, or in ``make_envs``/``compute_group_rewards``)
+        is skipped and counted rather than ending the run."""
         ...
 
     async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
@@ -194,11 +200,11 @@ class ErrorStrategy(Protocol):
 
 @dataclass(frozen=True)
 class FailFast:
-    """The first failing rollout cancels its siblings and propagates unchanged."""
+    """The first failing rollout cancels its siblings and propagates unchanged: the run ends."""
 
     @property
-    def max_retries(self) -> int:
-        return 0
+    def catches_group_errors(self) -> bool:
+        return False
 
     async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
         trajectories: list[Trajectory | None] = [None] * len(envs)
@@ -214,65 +220,117 @@ class FailFast:
 
 @dataclass(frozen=True)
 class RetryOnFailure:
-    """Retry each failed or timed-out rollout on one fresh env (``builder.make_env``).
+    """Retry failed or timed-out rollouts on fresh envs, from one budget for the whole group.
+
+    As in tinker-cookbook: once the budget is spent, the next failure cancels
+    the group's other rollouts and fails the group, which the run then skips
+    and counts (``rollout_errors/groups_skipped``); training goes on.
+
+    A fresh env comes from ``builder.make_env(index)`` when the builder has one
+    (one env built), otherwise from ``builder.make_envs()`` (a whole group
+    built, the env of the same slot used), as the cookbook does.
 
     Attributes:
-        max_retries: retries per env slot after the first attempt.
-        per_rollout_timeout: seconds one attempt may take (None: no limit).
+        max_retries: retries for the whole group, shared by all its envs.
+        per_rollout_timeout: seconds one attempt may take (``None`` or ``0``: no limit).
     """
 
-    max_retries: int = 2
+    max_retries: int = 3
     per_rollout_timeout: float | None = None
 
     def __post_init__(self) -> None:
         _check_retry_fields(self.max_retries, self.per_rollout_timeout)
 
+    @property
+    def catches_group_errors(self) -> bool:
+        return True
+
     async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
-        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout)
+        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout, None)
         if len(rollout.trajectories) < len(envs):
-            raise _group_failed(f"{len(envs) - len(rollout.trajectories)} env(s) failed after {self.max_retries} retries", rollout)
-        return rollout
-
-
-@dataclass(frozen=True)
-class MinViableGroup:
-    """Keep the group if at least ``min_successful`` rollouts succeed, after retries.
-
-    Attributes:
-        min_successful: the floor below which the group fails.
-        max_retries: retries per env slot after the first attempt.
-        per_rollout_timeout: seconds one attempt may take (None: no limit).
-    """
-
-    min_successful: int
-    max_retries: int = 1
-    per_rollout_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        _check_retry_fields(self.max_retries, self.per_rollout_timeout)
-        if self.min_successful < 1:
-            raise ValueError(f"MinViableGroup.min_successful must be >= 1, got {self.min_successful}")
-
-    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
-        if len(envs) < self.min_successful:
-            raise ValueError(
-                f"MinViableGroup.min_successful={self.min_successful} exceeds the group size {len(envs)}"
-            )
-        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout)
-        if len(rollout.trajectories) < self.min_successful:
             raise _group_failed(
-                f"only {len(rollout.trajectories)} of {len(envs)} rollouts succeeded; "
-                f"MinViableGroup needs {self.min_successful}",
+                f"{len(rollout.errors)} rollout(s) failed; the group's budget of {self.max_retries} retries ran out",
                 rollout,
             )
         return rollout
 
 
+@dataclass(frozen=True)
+class MinViableGroup:
+    """Keep the group if at least ``min_successful`` rollouts succeed; retry only while below that floor.
+
+    Attributes:
+        min_successful: the floor below which the group fails (``None``: ``ceil(0.75 * G)``
+            for a group of G envs, the cookbook's default).
+        max_retries: retries for the whole group, spent only while the floor is unmet.
+        per_rollout_timeout: seconds one attempt may take (``None`` or ``0``: no limit).
+    """
+
+    min_successful: int | None = None
+    max_retries: int = 3
+    per_rollout_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_retry_fields(self.max_retries, self.per_rollout_timeout)
+        if self.min_successful is not None and self.min_successful < 1:
+            raise ValueError(f"MinViableGroup.min_successful must be >= 1 or None, got {self.min_successful}")
+
+    @property
+    def catches_group_errors(self) -> bool:
+        return True
+
+    def floor(self, group_size: int) -> int:
+        """The minimum successful rollouts for a group of ``group_size`` envs."""
+        return self.min_successful if self.min_successful is not None else math.ceil(0.75 * group_size)
+
+    async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
+        floor = self.floor(len(envs))
+        if len(envs) < floor:
+            raise ValueError(f"MinViableGroup.min_successful={floor} exceeds the group size {len(envs)}")
+        rollout = await _run_with_retries(builder, envs, policy_for, self.max_retries, self.per_rollout_timeout, floor)
+        if len(rollout.trajectories) < floor:
+            raise _group_failed(
+                f"only {len(rollout.trajectories)} of {len(envs)} rollouts succeeded; MinViableGroup needs {floor}",
+                rollout,
+            )
+        return rollout
+
+
+def rollout_strategy_from_config(tolerance: bool | ErrorStrategy) -> ErrorStrategy:
+    """Resolve ``Config.rollout_error_tolerance`` as the cookbook does.
+
+    ``False``: :class:`FailFast`; ``True``: :class:`RetryOnFailure` with its
+    defaults; a strategy: itself.
+    """
+    if tolerance is False:
+        return FailFast()
+    if tolerance is True:
+        return RetryOnFailure()
+    if not hasattr(tolerance, "run") or not hasattr(tolerance, "catches_group_errors"):
+        raise TypeError(f"rollout_error_tolerance must be a bool or an error strategy, got {tolerance!r}")
+    return tolerance
+
+
+def builds_single_envs(builder: EnvGroupBuilder) -> bool:
+    """Whether ``builder`` implements ``make_env(index)`` (cookbook builders do not)."""
+    method = getattr(type(builder), "make_env", None)
+    return callable(method) and method is not EnvGroupBuilder.make_env
+
+
+async def _fresh_env(builder: EnvGroupBuilder, index: int) -> Env:
+    if builds_single_envs(builder):
+        return await call_user(builder.make_env, index)
+    # The cookbook's path: build a group, use one env of it; the builder's
+    # cleanup releases the rest with the group.
+    group = await call_user(builder.make_envs)
+    return group[index] if index < len(group) else group[0]
+
+
 def _check_retry_fields(max_retries: int, timeout: float | None) -> None:
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"per_rollout_timeout must be > 0 seconds or None, got {timeout}")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"per_rollout_timeout must be >= 0 seconds (0 or None: no limit), got {timeout}")
 
 
 def _group_failed(message: str, rollout: GroupRollout) -> GroupFailedError:
@@ -282,43 +340,66 @@ def _group_failed(message: str, rollout: GroupRollout) -> GroupFailedError:
     return error
 
 
+async def _attempt(
+    policy: TokenPolicy, env: Env, index: int, attempt: int, limit: float | None
+) -> Trajectory | RolloutError:
+    """One rollout attempt within ``limit`` seconds: its trajectory, or the failure as a :class:`RolloutError`."""
+    captured: outcome.Value[Trajectory] | outcome.Error | None = None
+    with trio.move_on_after(limit or math.inf) as scope:
+        captured = await outcome.acapture(do_single_rollout, policy, env)
+        if isinstance(captured, outcome.Error) and not isinstance(captured.error, Exception):
+            # Cancellation and KeyboardInterrupt are not rollout failures:
+            # re-raise them inside the scope so that our own timeout is
+            # caught by it and anything else keeps propagating.
+            captured.unwrap()
+    if scope.cancelled_caught:
+        return RolloutError.from_exception(
+            TimeoutError(f"rollout exceeded {limit} s"), env_index=index, attempt=attempt, timed_out=True
+        )
+    if isinstance(captured, outcome.Error):
+        return RolloutError.from_exception(captured.error, env_index=index, attempt=attempt)
+    assert captured is not None
+    return captured.value
+
+
 async def _run_with_retries(
     builder: EnvGroupBuilder,
     envs: Sequence[Env],
     policy_for: PolicyFactory,
     max_retries: int,
     timeout: float | None,
+    floor: int | None,
 ) -> GroupRollout:
+    """Roll out every slot, retrying failures from one group-wide budget.
+
+    With ``floor`` None (RetryOnFailure), a failure once the budget is spent
+    cancels the other slots. With a floor (MinViableGroup), a failure is only
+    retried while fewer than ``floor`` rollouts have succeeded.
+    """
     results: list[tuple[Trajectory, Env] | None] = [None] * len(envs)
     errors: list[RolloutError] = []
+    budget = max_retries
 
-    async def slot(index: int, env: Env) -> None:
-        for attempt in range(max_retries + 1):
-            if attempt > 0:
-                env = await call_user(builder.make_env, index)
-            captured: outcome.Value[Trajectory] | outcome.Error | None = None
-            with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-                captured = await outcome.acapture(do_single_rollout, policy_for(index, attempt), env)
-                if isinstance(captured, outcome.Error) and not isinstance(captured.error, Exception):
-                    # Cancellation and KeyboardInterrupt are not rollout failures:
-                    # re-raise them inside the scope so that our own timeout is
-                    # caught by it and anything else keeps propagating.
-                    captured.unwrap()
-            if scope.cancelled_caught:
-                errors.append(
-                    RolloutError.from_exception(
-                        TimeoutError(f"rollout exceeded {timeout} s"), env_index=index, attempt=attempt, timed_out=True
-                    )
-                )
-            elif isinstance(captured, outcome.Error):
-                errors.append(RolloutError.from_exception(captured.error, env_index=index, attempt=attempt))
-            elif captured is not None:
-                results[index] = (captured.value, env)
+    async def slot(index: int, env: Env, group: trio.CancelScope) -> None:
+        nonlocal budget
+        for attempt in itertools.count():
+            result = await _attempt(policy_for(index, attempt), env, index, attempt, timeout)
+            if not isinstance(result, RolloutError):
+                results[index] = (result, env)
                 return
+            errors.append(result)
+            succeeded = sum(r is not None for r in results)
+            if budget == 0 or (floor is not None and succeeded >= floor):
+                if floor is None:
+                    group.cancel()  # the group has failed: its other rollouts are of no use
+                return
+            budget -= 1
+            env = await _fresh_env(builder, index)
 
-    async with trio.open_nursery() as nursery:
-        for index, env in enumerate(envs):
-            nursery.start_soon(slot, index, env)
+    with trio.CancelScope() as group:
+        async with trio.open_nursery() as nursery:
+            for index, env in enumerate(envs):
+                nursery.start_soon(slot, index, env, group)
     kept = [r for r in results if r is not None]
     errors.sort(key=lambda e: (e.env_index, e.attempt))
     return GroupRollout(trajectories=[t for t, _ in kept], envs=[e for _, e in kept], errors=errors)

@@ -23,6 +23,7 @@ Nothing else in trio_rl asks which mode a run is in.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -33,7 +34,7 @@ from .data import split_evenly
 from .determinism import settle
 from .gate import ConsumptionGate
 from .ledger import DataLedger
-from .work import AbandonedGroup, Delivery, FinishedGroup, WorkItem
+from .work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,14 @@ class Minibatch:
 
 
 class StepPlan(ABC):
-    """The minibatches of one training step, handed out as they become available."""
+    """The minibatches of one training step, handed out as they become available.
+
+    ``skipped`` counts the step's groups that failed beyond their error
+    tolerance; a step with no group to train but some skipped is still a step
+    (its weights version is published unchanged), not the end of data.
+    """
+
+    skipped = 0
 
     @abstractmethod
     async def next_minibatch(self) -> Minibatch | None:
@@ -88,8 +96,9 @@ class FixedStepPlan(StepPlan):
     split across two optimizer steps.
     """
 
-    def __init__(self, groups: list[FinishedGroup], num_substeps: int) -> None:
+    def __init__(self, groups: list[FinishedGroup], num_substeps: int, skipped: int = 0) -> None:
         self._chunks = [chunk for chunk in split_evenly(groups, num_substeps) if chunk]
+        self.skipped = skipped
 
     async def next_minibatch(self) -> Minibatch | None:
         return Minibatch(self._chunks.pop(0), optim_step=True) if self._chunks else None
@@ -102,6 +111,18 @@ class StepPlanner(ABC):
     """Groups sent back to the dataloader to be sampled again."""
     dropped_stale = 0
     """Groups dropped as too stale after the data ran out."""
+    groups_skipped = 0
+    """Groups that failed beyond their error tolerance (see :class:`SkippedGroup`)."""
+
+    def _skip(self, run: PlannerInputs, group: SkippedGroup) -> None:
+        """Count a skipped group and retire it at once: no longer owed, its admission slot free.
+
+        Freeing the slot now (not when a step ends) matters: a step may wait for
+        groups that are only admitted once slots held by failed groups are free.
+        """
+        self.groups_skipped += 1
+        run.ledger.retire([group.item.key])
+        run.gate.consume(1)
 
     @abstractmethod
     async def next_step(self, step: int) -> StepPlan | None:
@@ -197,6 +218,14 @@ class Schedule(ABC):
     def planner(self, run: PlannerInputs) -> StepPlanner:
         """A fresh planner for one run's trainer."""
 
+    def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
+        """How many steps a run over the whole dataset expects (for ``progress/done_frac``).
+
+        Off-policy steps take ``groups_per_step`` groups each, estimated from
+        the first batch's size.
+        """
+        return math.ceil(num_batches * first_batch_size / self.groups_per_step)
+
     def _async_bound(self, order: int) -> int:
         # At most B * (K + 1) groups handed out and not yet consumed: every one
         # of them can still be trained within K steps of the weights it starts on.
@@ -211,6 +240,10 @@ class Sync(Schedule):
     trains. An empty dataset batch has no step.
     """
 
+    def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
+        """One step per dataset batch."""
+        return num_batches
+
     def admit(self, position: Position, start_step: int) -> Admission:
         step = start_step + position.batch_number
         return Admission(
@@ -218,7 +251,7 @@ class Sync(Schedule):
         )
 
     def planner(self, run: PlannerInputs) -> StepPlanner:
-        return FixedStepPlanner(run.inbox, self.num_substeps)
+        return FixedStepPlanner(run, self.num_substeps)
 
 
 class Pace(Schedule):
@@ -237,7 +270,7 @@ class Pace(Schedule):
         )
 
     def planner(self, run: PlannerInputs) -> StepPlanner:
-        return FixedStepPlanner(run.inbox, self.num_substeps)
+        return FixedStepPlanner(run, self.num_substeps)
 
 
 class Stream(Sync):
@@ -251,7 +284,7 @@ class Stream(Sync):
         self.num_minibatches = num_minibatches
 
     def planner(self, run: PlannerInputs) -> StepPlanner:
-        return StreamStepPlanner(run.inbox, self.num_minibatches, self.num_substeps)
+        return StreamStepPlanner(run, self.num_minibatches, self.num_substeps)
 
 
 class Requeue(Schedule):
@@ -275,68 +308,92 @@ class Requeue(Schedule):
 
 
 class FixedStepPlanner(StepPlanner):
-    """Sync and Pace: step ``s`` trains exactly the items admitted for it."""
+    """Sync and Pace: step ``s`` trains exactly the items admitted for it (less those skipped)."""
 
-    def __init__(self, inbox: GroupInbox, num_substeps: int) -> None:
-        self._inbox = inbox
+    def __init__(self, run: PlannerInputs, num_substeps: int) -> None:
+        self._run = run
         self._num_substeps = num_substeps
         self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
+        self._skipped_by_step: dict[int, int] = defaultdict(int)
+        self._size: dict[int, int] = {}
 
     async def next_step(self, step: int) -> StepPlan | None:
         while not self._complete(step):
-            delivery = await self._inbox.receive()
+            delivery = await self._run.inbox.receive()
             if delivery is None:
                 break
-            assert isinstance(delivery, FinishedGroup) and delivery.item.step is not None
-            self._by_step[delivery.item.step].append(delivery)
+            item_step = delivery.item.step
+            assert not isinstance(delivery, AbandonedGroup) and item_step is not None
+            self._size[item_step] = delivery.item.step_size or 0
+            if isinstance(delivery, SkippedGroup):
+                self._skip(self._run, delivery)
+                self._skipped_by_step[item_step] += 1
+            else:
+                self._by_step[item_step].append(delivery)
         groups = sorted(self._by_step.pop(step, []), key=lambda g: g.item.order)
-        return FixedStepPlan(groups, self._num_substeps) if groups else None
+        skipped = self._skipped_by_step.pop(step, 0)
+        self._size.pop(step, None)
+        return FixedStepPlan(groups, self._num_substeps, skipped) if groups or skipped else None
 
     def _complete(self, step: int) -> bool:
-        groups = self._by_step.get(step)
-        return bool(groups) and len(groups) >= (groups[0].item.step_size or 0)
+        arrived = len(self._by_step.get(step, ())) + self._skipped_by_step.get(step, 0)
+        return step in self._size and arrived >= self._size[step]
 
 
 class StreamStepPlanner(StepPlanner):
     """Stream: a step's minibatches fill from its batch's groups in arrival order."""
 
-    def __init__(self, inbox: GroupInbox, num_minibatches: int, num_substeps: int) -> None:
-        self._inbox = inbox
+    def __init__(self, run: PlannerInputs, num_minibatches: int, num_substeps: int) -> None:
+        self._run = run
         self._num_minibatches = num_minibatches
         self._per_substep = max(1, num_minibatches // num_substeps)
         self.by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
+        self.skipped_by_step: dict[int, int] = defaultdict(int)
+        """Skipped groups of each step not yet counted toward one of its minibatches."""
+        self.sizes: dict[int, int] = {}
+        """Each step's group count, known once its first group arrives."""
 
     async def next_step(self, step: int) -> StepPlan | None:
         # The first group of the step says how many groups the step has.
-        while not self.by_step[step]:
+        while step not in self.sizes:
             if not await self.receive_one():
-                del self.by_step[step]
+                self.by_step.pop(step, None)
                 return None
-        size = self.by_step[step][0].item.step_size or self._num_minibatches
-        sizes = [len(part) for part in split_evenly(range(size), self._num_minibatches)]
+        sizes = [len(part) for part in split_evenly(range(self.sizes[step]), self._num_minibatches)]
         return _StreamPlan(self, step, [s for s in sizes if s])
 
     async def receive_one(self) -> bool:
         """Receive one group into its step's pool; False at the end of data."""
-        delivery = await self._inbox.receive()
+        delivery = await self._run.inbox.receive()
         if delivery is None:
             return False
         self._add(delivery)
         return True
 
     def _add(self, delivery: Delivery) -> None:
-        assert isinstance(delivery, FinishedGroup) and delivery.item.step is not None
-        self.by_step[delivery.item.step].append(delivery)
+        step = delivery.item.step
+        assert not isinstance(delivery, AbandonedGroup) and step is not None
+        self.sizes.setdefault(step, delivery.item.step_size or self._num_minibatches)
+        if isinstance(delivery, SkippedGroup):
+            self._skip(self._run, delivery)
+            self.skipped_by_step[step] += 1
+        else:
+            self.by_step[step].append(delivery)
 
-    async def take(self, step: int, size: int) -> list[FinishedGroup]:
-        """The ``size`` earliest-admitted groups of ``step`` once that many arrived (fewer at the end of data)."""
-        while len(self.by_step[step]) < size and await self.receive_one():
+    async def take(self, step: int, size: int) -> tuple[list[FinishedGroup], int]:
+        """The earliest-admitted groups of ``step`` once ``size`` arrived, and how many of the size were skipped.
+
+        Fewer arrive at the end of data.
+        """
+        while len(self.by_step[step]) + self.skipped_by_step[step] < size and await self.receive_one():
             pass
-        for delivery in await self._inbox.receive_ready():
+        for delivery in await self._run.inbox.receive_ready():
             self._add(delivery)
+        skipped = min(size, self.skipped_by_step[step])
+        self.skipped_by_step[step] -= skipped
         pool = sorted(self.by_step[step], key=lambda g: g.item.order)
-        taken, self.by_step[step] = pool[:size], pool[size:]
-        return taken
+        taken, self.by_step[step] = pool[: size - skipped], pool[size - skipped :]
+        return taken, skipped
 
     def optim_after(self, index: int) -> bool:
         """Whether an ``optim_step`` follows minibatch ``index`` of a step."""
@@ -353,9 +410,12 @@ class _StreamPlan(StepPlan):
     async def next_minibatch(self) -> Minibatch | None:
         if self._index >= len(self._sizes):
             self._planner.by_step.pop(self._step, None)
+            self._planner.skipped_by_step.pop(self._step, None)
+            self._planner.sizes.pop(self._step, None)
             return None
-        groups = await self._planner.take(self._step, self._sizes[self._index])
-        if not groups:
+        groups, skipped = await self._planner.take(self._step, self._sizes[self._index])
+        self.skipped += skipped
+        if not groups and not skipped:
             return None
         minibatch = Minibatch(groups, optim_step=self._planner.optim_after(self._index))
         self._index += 1
@@ -371,6 +431,7 @@ class RequeueStepPlanner(StepPlanner):
 
     def __init__(self, run: PlannerInputs, schedule: Requeue) -> None:
         assert run.requeue is not None, "the Requeue schedule needs its back edge"
+        self._run = run
         self._inbox = run.inbox
         self._gate = run.gate
         self._ledger = run.ledger
@@ -399,6 +460,10 @@ class RequeueStepPlanner(StepPlanner):
         return FixedStepPlan(batch, self._num_substeps) if batch else None
 
     def _add(self, delivery: Delivery, step: int) -> None:
+        if isinstance(delivery, SkippedGroup):
+            # Never sampled again: a failed group is skipped, as in the cookbook.
+            self._skip(self._run, delivery)
+            return
         if isinstance(delivery, AbandonedGroup) or step - delivery.version > self._limit:
             self._retire(delivery.item)
             return

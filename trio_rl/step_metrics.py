@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, astuple, dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from tinker import types as tinker_types
 
+from .data import MASK_KEY
 from .metrics import trajectory_metrics
 from .rollouts import is_initial_overflow
 from .types import Metrics
 from .work import FinishedGroup
+
+if TYPE_CHECKING:
+    from .training_step import TrainedStep
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,13 @@ class RunCounts:
         dropped_stale: groups dropped as too stale after the data ran out.
         in_flight_max: the most groups handed out and not yet consumed at any step's start.
         empty_batches: empty dataset batches skipped.
+        groups_skipped: groups that failed beyond their error tolerance.
+        error_types: failed rollout attempts of the groups that were kept, by
+            exception class name (as the cookbook's ``RolloutErrorCounter``, which
+            counts a skipped group only in ``groups_skipped``).
+        cumulative_tokens: every token counted so far (discarded ones included),
+            carried across a resume by the checkpoint rows.
+        discarded_tokens: tokens of groups removed by the constant-reward filter.
     """
 
     trained_groups: int = 0
@@ -33,24 +46,98 @@ class RunCounts:
     dropped_stale: int = 0
     in_flight_max: int = 0
     empty_batches: int = 0
+    groups_skipped: int = 0
+    error_types: tuple[tuple[str, int], ...] = ()
+    cumulative_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
+    discarded_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
+
+    def with_errors_of(self, groups: Sequence[FinishedGroup]) -> tuple[tuple[str, int], ...]:
+        """``error_types`` after also counting the rollout errors of ``groups``."""
+        counts = Counter(dict(self.error_types))
+        counts.update(e.error_type for g in groups for e in g.group.rollout_errors)
+        return tuple(sorted(counts.items()))
 
 
 def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: int) -> Metrics:
-    """What the groups of step ``step`` say: rewards, tokens, staleness, rollout errors."""
+    """What the groups of step ``step`` say: rewards, tokens, staleness, rollout errors.
+
+    A step whose groups were all skipped has no groups: it reports only its counts.
+    """
     versions = [g.version for g in groups]
     metrics: Metrics = {
         "progress/groups": len(groups),
-        # Smaller than the run's batch size: the end of data, or a short dataset batch.
+        # Smaller than the run's batch size: the end of data, a short dataset batch, or skipped groups.
         "progress/partial_batch": int(len(groups) < groups_per_step),
-        "sampling_client/step_min": min(versions),
-        "sampling_client/step_max": max(versions),
-        "sampling_client/step_mean": sum(versions) / len(versions),
-        "sampling_client/staleness_max": step - min(versions),
         "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
         "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
     }
+    if not groups:
+        return metrics
+    staleness = [step - v for v in versions]
+    metrics.update(
+        {
+            "sampling_client/step_min": min(versions),
+            "sampling_client/step_max": max(versions),
+            "sampling_client/step_mean": sum(versions) / len(versions),
+            "async/staleness_min": min(staleness),
+            "async/staleness_max": max(staleness),
+            "async/staleness_mean": sum(staleness) / len(staleness),
+        }
+    )
     metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
     return metrics
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Tokens by the kinds the cookbook bills (its ``TokenUsage``).
+
+    Attributes:
+        sampled: tokens the sampler returned (action tokens).
+        prefill_cached: prompt tokens served from a prefix cache (no backend reports them: 0).
+        prefill_uncached: prompt tokens of sampling and reference-scoring requests.
+        trained: tokens of the Datums sent to ``forward_backward``.
+    """
+
+    sampled: int = 0
+    prefill_cached: int = 0
+    prefill_uncached: int = 0
+    trained: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def metrics(self, prefix: str) -> Metrics:
+        """``<prefix>/<kind>`` for each kind."""
+        return {f"{prefix}/{name}": value for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, int] | None) -> TokenCounts:
+        """From a checkpoint row's ``cumulative_tokens``/``discarded_tokens`` (None: zeros)."""
+        return cls(**{k: int(v) for k, v in (raw or {}).items() if k in cls.__dataclass_fields__})
+
+
+def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
+    """What sampling (and reference scoring) of ``groups`` used."""
+    sampled = prefill = 0
+    for g in groups:
+        for trajectory in g.group.trajectories_G:
+            for transition in trajectory.transitions:
+                sampled += len(transition.ac.tokens)
+                prefill += transition.ob.length
+        if g.reference_diffs is not None:
+            prefill += sum(d.model_input.length + 1 for d in g.data)
+    return TokenCounts(sampled=sampled, prefill_uncached=prefill)
+
+
+def step_tokens(
+    trained: Sequence[FinishedGroup], filtered: Sequence[FinishedGroup], submitted: Sequence[Sequence[tinker_types.Datum]]
+) -> tuple[TokenCounts, TokenCounts]:
+    """A step's tokens (its trained groups' rollouts and its submitted data) and the discarded ones
+    (rollouts of groups removed by the constant-reward filter), as the cookbook's ``CostTracker`` splits them."""
+    trained_tokens = sum(d.model_input.length for data in submitted for d in data)
+    step = rollout_tokens(trained) + TokenCounts(trained=trained_tokens)
+    return step, rollout_tokens(filtered)
 
 
 def count_metrics(counts: RunCounts) -> Metrics:
@@ -62,7 +149,23 @@ def count_metrics(counts: RunCounts) -> Metrics:
         "rollouts/in_flight_max": counts.in_flight_max,
         "data/groups_filtered_constant": counts.filtered_groups,
         "data/empty_batches": counts.empty_batches,
+        **counts.cumulative_tokens.metrics("tokens/cumulative"),
+        **counts.discarded_tokens.metrics("tokens/discarded"),
+        **rollout_error_metrics(counts),
     }
+
+
+def rollout_error_metrics(counts: RunCounts) -> Metrics:
+    """``rollout_errors/<ErrorType>``, ``/total`` and ``/groups_skipped``, cumulative; none until the first error.
+
+    The cookbook's ``RolloutErrorCounter.get_metrics``, key for key.
+    """
+    if not counts.error_types and not counts.groups_skipped:
+        return {}
+    metrics: Metrics = {f"rollout_errors/{name}": float(n) for name, n in counts.error_types}
+    metrics["rollout_errors/total"] = float(sum(n for _, n in counts.error_types))
+    metrics["rollout_errors/groups_skipped"] = float(counts.groups_skipped)
+    return metrics
 
 
 def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:
@@ -72,6 +175,39 @@ def _loss_sum(output: tinker_types.ForwardBackwardOutput) -> float:
     return sum(
         float(out["elementwise_loss"].to_numpy().sum()) for out in output.loss_fn_outputs if "elementwise_loss" in out
     )
+
+
+def sample_train_kl(
+    submitted: Sequence[Sequence[tinker_types.Datum]], outputs: Sequence[tinker_types.ForwardBackwardOutput]
+) -> Metrics:
+    """The cookbook's ``compute_kl_sample_train``: sampler against learner logprobs on the action tokens.
+
+    ``optim/kl_sample_train_v1`` is the mean of ``sampling - training`` logprobs,
+    ``_v2`` half the mean of its square, ``optim/entropy`` minus the mean
+    sampling logprob. Empty when the backend returned no logprobs (or no action
+    token was trained).
+    """
+    diffs: list[np.ndarray] = []
+    sampled: list[np.ndarray] = []
+    for data, output in zip(submitted, outputs, strict=True):
+        if len(output.loss_fn_outputs) != len(data):
+            return {}
+        for datum, out in zip(data, output.loss_fn_outputs, strict=True):
+            if "logprobs" not in out or MASK_KEY not in datum.loss_fn_inputs or "logprobs" not in datum.loss_fn_inputs:
+                return {}
+            mask = datum.loss_fn_inputs[MASK_KEY].to_numpy() > 0
+            sampling = datum.loss_fn_inputs["logprobs"].to_numpy()[mask]
+            training = out["logprobs"].to_numpy()[: len(mask)][mask]
+            diffs.append(sampling - training)
+            sampled.append(sampling)
+    flat = np.concatenate(diffs) if diffs else np.zeros(0)
+    if flat.size == 0:
+        return {}
+    return {
+        "optim/kl_sample_train_v1": float(flat.mean()),
+        "optim/kl_sample_train_v2": float(0.5 * (flat**2).mean()),
+        "optim/entropy": float(-np.concatenate(sampled).mean()),
+    }
 
 
 def result_metrics(results: Sequence[Any]) -> Metrics:
@@ -84,4 +220,29 @@ def result_metrics(results: Sequence[Any]) -> Metrics:
         elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
             metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
     metrics["train/loss:sum"] = loss
+    return metrics
+
+
+def trained_step_metrics(done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None) -> Metrics:
+    """The record of one trained step, under tinker-cookbook's keys where it has one.
+
+    ``progress/batch`` and ``training_client/step`` are the step's index (the
+    cookbook's sync and async loops each write one of them), and
+    ``progress/done_frac`` is ``(step + 1) / planned_steps``.
+    """
+    outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
+    metrics: Metrics = {
+        **done.summary,
+        **result_metrics(done.results),
+        **sample_train_kl(done.submitted, outputs),
+        **count_metrics(counts),
+        **tokens.metrics("tokens"),
+        "progress/batch": done.step,
+        "training_client/step": done.step,
+        "time/train_step": done.train_seconds,
+    }
+    if planned_steps:
+        metrics["progress/done_frac"] = (done.step + 1) / planned_steps
+    if done.kl_tokens:
+        metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
     return metrics

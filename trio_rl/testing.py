@@ -260,6 +260,12 @@ class FakeBackend:
         await client.load_state(path, with_optimizer=with_optimizer)
         return client
 
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> FakeSamplingClient:
+        """A client for the initial weights (version 0), or for a saved sampler's version."""
+        await trio.lowlevel.checkpoint()
+        self._record("create_sampling_client", 0, base_model=base_model, model_path=model_path)
+        return FakeSamplingClient(self, version=0, model_path=model_path)
+
 
 # ---------------------------------------------------------------- fake envs
 

@@ -13,7 +13,7 @@ import trio
 
 from . import run_folder
 from .asyncio_bridge import open_user_code_runner
-from .backends.protocol import Backend
+from .backends.protocol import Backend, check_loss_before_work
 from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import Config
 from .errors import ConfigError, one_per_fault
@@ -21,6 +21,8 @@ from .evaluation import SamplingClientEvaluator
 from .jsonl import read_records
 from .metrics import MetricsLog, merge_by_step
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .schedule import Schedule
+from .step_metrics import TokenCounts
 from .training_step import StepRunner
 from .types import EnvGroupBuilder, RLDataset
 from .weights import LatestWeights
@@ -107,20 +109,20 @@ async def _one_error_per_fault() -> AsyncGenerator[None, None]:
         raise deduplicated from None
 
 
-def _check_before_work(config: Config, dataset: RLDataset) -> Sequence[EnvGroupBuilder]:
-    """Validate ``config`` against the dataset's first batch, which is returned (it is built once)."""
+def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
+    """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
-    if config.error_strategy.max_retries > 0 and first_batch:
-        builder_type = type(first_batch[0])
-        make_env = getattr(builder_type, "make_env", None)
-        if make_env is None or make_env is EnvGroupBuilder.make_env:
-            raise ConfigError(
-                "error_strategy",
-                f"{type(config.error_strategy).__name__} retries one env at a time, but "
-                f"{builder_type.__name__} does not implement make_env(index); implement it or use FailFast()",
-            )
+    try:
+        check_loss_before_work(backend, config.loss_fn, config.loss_fn_config)
+    except ValueError as error:
+        raise ConfigError("loss_fn", str(error)) from None
     return first_batch
+
+
+def _planned_steps(config: Config, schedule: Schedule, num_batches: int, first_batch_size: int) -> int:
+    planned = schedule.planned_steps(num_batches, first_batch_size)
+    return planned if config.max_steps is None else min(planned, config.max_steps)
 
 
 async def train(
@@ -156,7 +158,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    first_batch = _check_before_work(config, dataset)
+    first_batch = _check_before_work(config, dataset, backend)
     schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
     run_folder.claim(config)
@@ -173,9 +175,20 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoints)
             training_client, start_step = begin.training_client, begin.step
             ledger_start = (begin.cursor, begin.owed)
+            resumed = begin.resumed_from
+            start_tokens = (
+                TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
+                TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
+            )
             (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
+            reference = None
+            if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
+                ref = config.kl_reference_config
+                reference = await backend.create_sampling_client(
+                    base_model=ref.base_model, model_path=ref.load_checkpoint_path
+                )
             weights = LatestWeights()
-            weights.publish(start_step, await training_client.save_weights_for_sampler(f"step_{start_step:06d}"))
+            weights.publish(start_step, await training_client.save_weights_for_sampler(f"{start_step:06d}"))
             has_reader = task_status is not trio.TASK_STATUS_IGNORED
             metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=LIVE_BUFFER if has_reader else 0)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
@@ -188,10 +201,11 @@ async def train(
                     seed=config.seed,
                     # Built once: validating a SamplingParams per rollout showed up in profiles.
                     sampling_params=config.sampling_params(),
-                    error_strategy=config.error_strategy,
+                    error_strategy=config.rollout_strategy(),
                     loss_fn=config.loss_fn,
                     staleness_limit=schedule.staleness_limit,
                     abandon_stale=schedule.abandons_stale_rollouts,
+                    reference=reference,
                     exact_version=schedule.samples_exact_version,
                 ),
                 trainer=TrainerSettings(
@@ -201,6 +215,9 @@ async def train(
                     save_every=config.save_every,
                     save_on_cancel=config.save_on_cancel,
                     cancel_save_timeout=config.cancel_save_timeout,
+                    planned_steps=_planned_steps(config, schedule, len(dataset), len(first_batch)),
+                    start_tokens=start_tokens,
+                    learning_rate=config.learning_rate,
                 ),
                 runner=StepRunner(
                     training_client,
@@ -209,6 +226,8 @@ async def train(
                     loss_fn_config=config.loss_fn_config,
                     adam_params=config.adam_params(),
                     remove_constant_reward_groups=config.remove_constant_reward_groups,
+                    kl_penalty_coef=config.kl_penalty_coef,
+                    kl_discount_factor=config.kl_discount_factor,
                 ),
                 training_client=training_client,
                 weights=weights,

@@ -10,7 +10,8 @@ from typing import Any
 from tinker import types as tinker_types
 
 from .backends.protocol import PendingResult, TrainingClient
-from .data import is_constant_reward
+from .data import is_constant_reward, without_mask
+from .kl import incorporate_kl_penalty
 from .schedule import StepPlan
 from .types import Metrics
 from .weights import LatestWeights
@@ -24,17 +25,28 @@ class TrainedStep:
     Attributes:
         step: the step's index (its weights become version ``step + 1``).
         taken: every group the step consumed.
+        skipped: the step's groups that failed beyond their error tolerance
+            (already retired by the planner; counted here for the record).
         trained: the groups whose data reached ``forward_backward`` (``taken``
             less those removed by the constant-reward filter).
         results: the backend's answers, in submission order.
+        submitted: the data of each ``forward_backward``, in submission order
+            (with their action masks), to compare the sampler's logprobs with
+            the learner's.
+        kl_diff_sum, kl_tokens: with a KL penalty, the sum of ``sampled -
+            reference`` logprobs over the trained action tokens, and their count.
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
 
     step: int
     taken: list[FinishedGroup] = field(default_factory=list[FinishedGroup])
+    skipped: int = 0
     trained: list[FinishedGroup] = field(default_factory=list[FinishedGroup])
     results: list[Any] = field(default_factory=list[Any])
+    submitted: list[list[tinker_types.Datum]] = field(default_factory=list[list[tinker_types.Datum]])
+    kl_diff_sum: float = 0.0
+    kl_tokens: float = 0.0
     summary: Metrics = field(default_factory=dict[str, Any])
     train_seconds: float = 0.0
     # The runner's own bookkeeping while the step is in flight.
@@ -62,6 +74,8 @@ class StepRunner:
         loss_fn_config: dict[str, float] | None,
         adam_params: tinker_types.AdamParams,
         remove_constant_reward_groups: bool,
+        kl_penalty_coef: float = 0.0,
+        kl_discount_factor: float = 0.0,
     ) -> None:
         self._client = client
         self._weights = weights
@@ -69,6 +83,7 @@ class StepRunner:
         self._loss_fn_config = loss_fn_config
         self._adam_params = adam_params
         self._filter = remove_constant_reward_groups
+        self._kl = (kl_penalty_coef, kl_discount_factor)
         self._current: TrainedStep | None = None
 
     async def run(
@@ -76,20 +91,21 @@ class StepRunner:
     ) -> TrainedStep | None:
         """Train ``plan`` as step ``step``; None if the plan held no group (the data has ended).
 
-        A step whose groups were all filtered out trains nothing and saves no new
+        A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
         sampler: its weights version is published with the unchanged weights.
         """
         current = self._current = TrainedStep(step)
         while (minibatch := await plan.next_minibatch()) is not None:
             current.taken.extend(minibatch.groups)
             await self._submit(current, minibatch.groups, optim=minibatch.optim_step)
-        if not current.taken:
+        if not current.taken and not plan.skipped:
             self._current = None
             return None
+        current.skipped = plan.skipped
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._client.save_weights_for_sampler(f"step_{step + 1:06d}")
+            sampler = await self._client.save_weights_for_sampler(f"{step + 1:06d}")
             self._weights.publish(step + 1, sampler)
         else:
             self._weights.advance(step + 1)
@@ -111,10 +127,20 @@ class StepRunner:
     async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
         kept = [g for g in groups if not (self._filter and is_constant_reward(g.group))]
         data = [datum for group in kept for datum in group.data]
+        if data and self._kl[0] > 0:
+            diffs = [diff for group in kept for diff in group.reference_diffs or []]
+            # One forward_backward's data is the cookbook's batch for the average.
+            penalty = incorporate_kl_penalty(data, diffs, *self._kl)
+            data = penalty.data
+            current.kl_diff_sum += penalty.diff_sum
+            current.kl_tokens += penalty.tokens
         if data:
             current.pending.append(
-                await self._client.forward_backward(data, self._loss_fn, self._loss_fn_config)  # type: ignore[arg-type]
+                await self._client.forward_backward(
+                    [without_mask(d) for d in data], self._loss_fn, self._loss_fn_config  # type: ignore[arg-type]
+                )
             )
+            current.submitted.append(data)
             current.trained.extend(kept)
             current.grads_pending = True
         # An optimizer step without gradients would still move Adam's weights by

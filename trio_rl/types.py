@@ -186,15 +186,13 @@ class EnvGroupBuilder:
         raise NotImplementedError
 
     async def make_env(self, index: int) -> Env:
-        """Build one fresh env for slot ``index``, to retry a failed rollout.
+        """Optionally, build one fresh env for slot ``index``, to retry a failed rollout.
 
-        The retrying error strategies call this; building a whole group to use one
-        env of it would leak the rest. Builders that support retries override it.
+        The retrying error strategies use it when a builder overrides it; otherwise
+        they call :meth:`make_envs` and use one env of the new group (as
+        tinker-cookbook does, whose builders have no ``make_env``).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement make_env(index), which "
-            "RetryOnFailure and MinViableGroup need to retry one env"
-        )
+        raise NotImplementedError(f"{type(self).__name__} does not implement make_env(index)")
 
     async def compute_group_rewards(
         self, trajectory_group: list[Trajectory], env_group: Sequence[Env]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tinker import types as tinker_types
 
-from .types import EnvGroupBuilder, TrajectoryGroup
+from .types import EnvGroupBuilder, RolloutError, TrajectoryGroup
 
 
 @dataclass(frozen=True, order=True)
@@ -50,6 +51,8 @@ class FinishedGroup:
     tags: list[str]
     data: list[tinker_types.Datum]
     """The group's training data, assembled by the worker as soon as the group is done."""
+    reference_diffs: list[Any] | None = None
+    """With a KL penalty: per Datum, ``(sampled - reference) * mask`` logprobs (numpy arrays)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,27 @@ class AbandonedGroup:
     version: int
 
 
-Delivery = FinishedGroup | AbandonedGroup
+@dataclass(frozen=True)
+class SkippedGroup:
+    """A group that failed beyond its error strategy's tolerance: skipped and counted, never trained.
+
+    The schedule's planner still counts it toward its step (a step waits for a
+    fixed number of groups), retires it from the ledger and frees its admission
+    slot at once, as for an :class:`AbandonedGroup`.
+
+    Attributes:
+        item: the work item.
+        error: why the group failed (a ``GroupFailedError``, or the exception
+            ``make_envs``/``compute_group_rewards`` raised).
+        errors: its failed rollout attempts.
+    """
+
+    item: WorkItem
+    error: Exception
+    errors: list[RolloutError] = field(default_factory=list[RolloutError])
+
+
+Delivery = FinishedGroup | AbandonedGroup | SkippedGroup
 """What a rollout worker sends the trainer."""
 
 

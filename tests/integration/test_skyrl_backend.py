@@ -23,7 +23,7 @@ from skyrl_server import DUMMY_API_KEY, SkyRLServer
 from tinker import types as tinker_types
 
 from trio_rl.backends.tinker import RemoteTimeoutError, TinkerBackend, TinkerTimeouts
-from trio_rl.data import trajectory_to_data
+from trio_rl.data import trajectory_to_data, without_mask
 from trio_rl.types import TokensWithLogprobs, Trajectory, Transition
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,8 @@ async def test_each_pipeline_loss_round_trips(skyrl_server: SkyRLServer) -> None
                 data = [
                     datum
                     for trajectory, advantage in zip(trajectories, (1.0, -1.0))
-                    for datum in trajectory_to_data(trajectory, advantage, loss_fn)
+                    # Submitted as the pipeline submits it: without the action mask.
+                    for datum in map(without_mask, trajectory_to_data(trajectory, advantage, loss_fn))
                 ]
                 pending = await client.forward_backward(data, loss_fn, config)  # type: ignore[arg-type]
                 output = await pending.result()

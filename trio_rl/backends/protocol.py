@@ -137,3 +137,31 @@ class Backend(Protocol):
     ) -> TrainingClient:
         """Create a training client from a path returned by ``save_state``, to resume."""
         ...
+
+    # Optionally, a backend also has ``check_loss_fn(loss_fn, loss_fn_config)``,
+    # raising ValueError for a loss it cannot train; trio_rl.train calls it
+    # before any work (see :func:`check_loss_before_work`).
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
+        """A sampling client for ``base_model``'s own weights, or for the weights saved at ``model_path``.
+
+        The KL penalty's reference model (``Config.kl_reference_config``) comes from here.
+        """
+        ...
+
+
+def check_loss_before_work(backend: object, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+    """Ask ``backend`` whether it can train ``loss_fn``, where it says (``check_loss_fn``).
+
+    Raises:
+        ValueError: the backend's reason, naming the backends that do support the loss.
+    """
+    check = getattr(backend, "check_loss_fn", None)
+    if check is None:
+        return
+    try:
+        check(loss_fn, loss_fn_config)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} ({type(backend).__name__}); TinkerBackend passes every loss the tinker SDK admits to the service"
+        ) from None

@@ -500,6 +500,22 @@ class TinkerBackend:
         )
         return TinkerTrainingClient(sdk_client, timeouts=self.timeouts)
 
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> TinkerSamplingClient:
+        """A sampling client for ``base_model`` (or the weights at ``model_path``), as the SDK's
+        ``ServiceClient.create_sampling_client`` makes it, in a thread.
+
+        Raises:
+            RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
+            Exception: the SDK's own errors, unchanged.
+        """
+        service = self.service_client
+        sdk_sampler = await _call_blocking(
+            lambda: service.create_sampling_client(model_path=model_path, base_model=base_model),
+            what="create_sampling_client",
+            timeout=self.timeouts.checkpoint,
+        )
+        return TinkerSamplingClient(sdk_sampler, model_path=model_path, timeouts=self.timeouts)
+
     async def create_training_client_from_state(
         self, path: str, *, with_optimizer: bool = True
     ) -> TinkerTrainingClient:

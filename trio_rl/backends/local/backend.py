@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -11,8 +12,10 @@ import torch
 import trio
 
 from trio_rl.backends.local.checkpoint import load_checkpoint
+from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
 from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
 
@@ -70,6 +73,7 @@ class LocalBackend:
         self._num_threads = num_threads
         self._saved_threads: int | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._base_seeds: dict[str, int] = {}
 
     @property
     def tokenizer(self) -> CharTokenizer:
@@ -151,7 +155,44 @@ class LocalBackend:
         model = await trio.to_thread.run_sync(
             lambda: TransformerLM(config, vocab, seed=init_seed), limiter=self._runtime.limiter
         )
+        # "The base model" of this label is the initial weights it was first made with.
+        self._base_seeds.setdefault(base_model, seed)
         return LocalTrainingClient(self._runtime, model, self._tokenizer)
+
+    supported_losses: frozenset[str] = frozenset(LOSS_FUNCTIONS)
+    """The losses LocalBackend implements (see :mod:`trio_rl.backends.local.losses`)."""
+
+    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+        """Reject, before any work, a loss this backend does not implement or a config it does not read.
+
+        Raises:
+            ValueError: naming the loss and the fix.
+        """
+        check_loss_fn(loss_fn, loss_fn_config)
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> LocalSamplingClient:
+        """A sampling client for the initial weights of ``base_model``, or for the weights at ``model_path``.
+
+        A local "base model" is the freshly initialised model that
+        :meth:`create_training_client` first made under that label (same seed,
+        same weights), so a KL penalty pulls the policy back towards where it started.
+
+        Raises:
+            ValueError: no training client was created for ``base_model`` and no ``model_path`` given.
+            FileNotFoundError: ``model_path`` is not a checkpoint folder.
+        """
+        self._runtime.require_entered()
+        if model_path is not None:
+            build = partial(_saved_sampler, self._runtime, model_path)
+        elif base_model in self._base_seeds:
+            seed = self._base_seeds[base_model]
+            build = partial(_initial_sampler, self._runtime, self._model_config, self._tokenizer, seed)
+        else:
+            raise ValueError(
+                f"LocalBackend has no initial weights for {base_model!r}: create a training client for it "
+                "first, or give model_path (a save_state or sampler folder)"
+            )
+        return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
     async def create_training_client_from_state(
         self, path: str, *, with_optimizer: bool = True
@@ -178,3 +219,17 @@ class LocalBackend:
             return LocalTrainingClient(self._runtime, model, ckpt.tokenizer, ckpt.adam)
 
         return await trio.to_thread.run_sync(load, limiter=self._runtime.limiter)
+
+
+def _saved_sampler(runtime: BackendRuntime, path: str) -> LocalSamplingClient:
+    ckpt = load_checkpoint(Path(path), with_optimizer=False)
+    model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
+    model.load_state_dict(ckpt.weights)
+    return LocalSamplingClient(SamplingEngine(model, ckpt.tokenizer, runtime), path)
+
+
+def _initial_sampler(
+    runtime: BackendRuntime, config: ModelConfig, tokenizer: CharTokenizer, seed: int
+) -> LocalSamplingClient:
+    model = TransformerLM(config, tokenizer.vocab_size, seed=seed)
+    return LocalSamplingClient(SamplingEngine(model, tokenizer, runtime), None)

@@ -12,6 +12,8 @@ Definitions (``r = exp(logprobs - sampling_logprobs)``, ``A`` = advantages):
 * ``importance_sampling``: ``-r * A``
 * ``ppo``: ``-min(r * A, clip(r, low, high) * A)``
 * ``cispo``: ``-stop_gradient(clip(r, low, high)) * logprobs * A``
+* ``dro``: ``-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs)**2)``, with
+  ``beta`` from ``loss_fn_config`` (required: the service's default is not published)
 
 ``low``/``high`` are the absolute ratio bounds ``clip_low_threshold`` and
 ``clip_high_threshold`` of ``loss_fn_config`` (defaults 0.8 and 1.2). The RL
@@ -35,6 +37,7 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "importance_sampling": _RL_INPUTS,
     "ppo": _RL_INPUTS,
     "cispo": _RL_INPUTS,
+    "dro": _RL_INPUTS,
 }
 """The ``loss_fn_inputs`` each supported loss needs."""
 
@@ -43,6 +46,7 @@ _CONFIG_KEYS: dict[str, frozenset[str]] = {
     "importance_sampling": frozenset(),
     "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "dro": frozenset({"beta"}),
 }
 
 
@@ -89,11 +93,18 @@ def cispo(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, f
     return _weighted(-coefficient * logprobs * inputs["advantages"], inputs)
 
 
+def dro(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> Tensor:
+    """Per-token DRO loss: ``-(logprobs * A)`` plus a quadratic penalty on the log-ratio to the sampler."""
+    quadratic = (logprobs - inputs["logprobs"]) ** 2
+    return _weighted(-(logprobs * inputs["advantages"] - 0.5 * float(config["beta"]) * quadratic), inputs)
+
+
 LOSS_FUNCTIONS: dict[str, Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float]], Tensor]] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
     "cispo": cispo,
+    "dro": dro,
 }
 
 
@@ -111,5 +122,7 @@ def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None) -> None:
     unknown = set(config or {}) - _CONFIG_KEYS[loss_fn]
     if unknown:
         raise ValueError(f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r}")
-    if config:
+    if loss_fn == "dro" and "beta" not in (config or {}):
+        raise ValueError("loss_fn='dro' needs loss_fn_config={'beta': ...} on LocalBackend")
+    if config and loss_fn in ("ppo", "cispo"):
         _clip_bounds(config)

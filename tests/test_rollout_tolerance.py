@@ -1,0 +1,137 @@
+"""Rollout error tolerance as tinker-cookbook 0.6.1 defines it: one budget per group, skipped groups, a default floor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from tests.pipeline_helpers import MODES, make_config, run_fake
+from tests.test_rollouts import policies
+from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec
+from trio_rl.types import Env, Metrics, Trajectory
+
+
+class CookbookStyleBuilder:
+    """A builder as the cookbook writes them: no trio_rl base class and no ``make_env``.
+
+    Envs listed in ``failing`` fail on their first ``failures`` builds.
+    """
+
+    def __init__(self, group_size: int, failing: set[int], failures: int | None) -> None:
+        self.group_size = group_size
+        self.failing = failing
+        self.failures = failures
+        self.builds = 0
+        self.log: list[str] = []
+
+    async def make_envs(self) -> Sequence[Env]:
+        attempt, self.builds = self.builds, self.builds + 1
+        envs = []
+        for i in range(self.group_size):
+            fails = i in self.failing and (self.failures is None or attempt < self.failures)
+            # FakeEnv fails env 0 of a key whose spec says "step".
+            spec = FakeEnvSpec(fail_at={(0, 0): "step"} if fails else {})
+            envs.append(FakeEnv((0, 0), 0 if fails else i + 1, spec, 0, self.log))
+        return envs
+
+    async def compute_group_rewards(
+        self, trajectories: list[Trajectory], envs: Sequence[Env]
+    ) -> list[tuple[float, Metrics]]:
+        return [(0.0, {}) for _ in trajectories]
+
+    def logging_tags(self) -> list[str]:
+        return []
+
+    async def cleanup(self) -> None:
+        pass
+
+
+async def test_a_cookbook_builder_retries_through_make_envs() -> None:
+    builder = CookbookStyleBuilder(group_size=3, failing={1}, failures=1)
+    group = await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))  # type: ignore[arg-type]
+    assert len(group.trajectories_G) == 3
+    assert builder.builds == 2  # the group, then one group to take the fresh env from
+    assert [e.error_type for e in group.rollout_errors] == ["RuntimeError"]
+
+
+async def test_the_retry_budget_is_one_for_the_whole_group() -> None:
+    # Two envs each fail once. A budget of one retry per env slot would save the
+    # group; the cookbook's budget is one for the group, so it fails.
+    builder = CookbookStyleBuilder(group_size=3, failing={0, 1}, failures=1)
+    with trio.fail_after(10), pytest.raises(GroupFailedError, match="budget of 1 retries"):
+        await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))  # type: ignore[arg-type]
+    builder = CookbookStyleBuilder(group_size=3, failing={0, 1}, failures=1)
+    group = await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=2))  # type: ignore[arg-type]
+    assert len(group.trajectories_G) == 3
+
+
+async def test_a_builder_with_make_env_retries_one_env_only() -> None:
+    spec = FakeEnvSpec(group_size=3, fail_at={(0, 0): "step"}, fail_attempts=1)
+    builder = FakeEnvGroupBuilder((0, 0), spec, [])
+    await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))
+    assert (builder.attempts, builder.retries) == (1, 1)
+
+
+async def test_min_viable_group_defaults_to_a_floor_of_three_quarters() -> None:
+    assert MinViableGroup().floor(4) == 3 and MinViableGroup().floor(5) == 4
+    one_bad = CookbookStyleBuilder(group_size=4, failing={0}, failures=None)
+    group = await do_group_rollout(one_bad, policies(FakeBackend()), MinViableGroup(max_retries=0))  # type: ignore[arg-type]
+    assert len(group.trajectories_G) == 3
+    two_bad = CookbookStyleBuilder(group_size=4, failing={0, 1}, failures=None)
+    with pytest.raises(GroupFailedError, match="needs 3"):
+        await do_group_rollout(two_bad, policies(FakeBackend()), MinViableGroup(max_retries=0))  # type: ignore[arg-type]
+
+
+async def test_min_viable_group_retries_only_while_below_the_floor(autojump_clock: MockClock) -> None:
+    # Env 0 always fails, after the other three have succeeded and met the
+    # floor of 3: its failure is recorded but never retried.
+    builder = CookbookStyleBuilder(group_size=4, failing={0}, failures=None)
+    slow_failing_env = FakeBackend(sample_latency=lambda request: 5.0 if request[0].to_ints()[2] == 3 else 1.0)
+    with trio.fail_after(100):
+        group = await do_group_rollout(builder, policies(slow_failing_env), MinViableGroup(max_retries=3))  # type: ignore[arg-type]
+    assert len(group.trajectories_G) == 3
+    assert len(group.rollout_errors) == 1 and builder.builds == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_group_failing_beyond_tolerance_is_skipped_and_training_goes_on(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    spec = FakeEnvSpec(fail_at={(1, 1): "step", (2, 3): "make_envs"}, fail_attempts=None)
+    dataset = FakeDataset(num_batches=4, batch_size=4, spec=spec)
+    config = make_config(log_path, mode, rollout_error_tolerance=RetryOnFailure(max_retries=1))
+    result = await run_fake(config, dataset)
+    assert result.final_step == 4
+    assert result.trained_groups == 14
+    assert result.cancelled_groups == 0 and result.checkpoint is not None and result.checkpoint.outstanding == []
+    summary = result.summary
+    assert summary["run/groups_skipped"] == 2
+    assert summary["rollout_errors/groups_skipped"] == 2.0
+    # As in the cookbook, a skipped group counts only in groups_skipped, not by error type.
+    assert summary["rollout_errors/total"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream", "pace"])
+async def test_a_step_whose_groups_all_failed_is_still_a_step(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    # Every group of batch 1 fails: step 1 trains nothing, and step 2 still
+    # gets the weights version it waits for.
+    spec = FakeEnvSpec(fail_at={(1, g): "step" for g in range(4)}, fail_attempts=None)
+    dataset = FakeDataset(num_batches=3, batch_size=4, spec=spec)
+    config = make_config(log_path, mode, rollout_error_tolerance=RetryOnFailure(max_retries=0))
+    result = await run_fake(config, dataset)
+    assert result.final_step == 3 and result.trained_groups == 8
+    assert result.summary["rollout_errors/groups_skipped"] == 4.0
+    assert [m["progress/groups"] for m in result.step_metrics] == [4, 0, 4]
+
+
+async def test_fail_fast_still_ends_the_run(log_path: Path, autojump_clock: MockClock) -> None:
+    dataset = FakeDataset(num_batches=3, batch_size=4, spec=FakeEnvSpec(fail_at={(1, 1): "step"}))
+    with pytest.RaisesGroup(RuntimeError, flatten_subgroups=True):
+        await run_fake(make_config(log_path, "sync", rollout_error_tolerance=FailFast()), dataset)
