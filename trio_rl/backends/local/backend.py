@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -68,8 +67,6 @@ class LocalBackend:
         if num_threads is not None and num_threads < 1:
             raise ValueError("num_threads must be at least 1")
         self._num_threads = num_threads
-        self._saved_threads: int | None = None
-        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
 
     @property
     def tokenizer(self) -> CharTokenizer:
@@ -91,14 +88,7 @@ class LocalBackend:
         return self._tokenizer
 
     async def __aenter__(self) -> Self:
-        if self._nursery_manager is not None:
-            raise RuntimeError("this LocalBackend is already entered")
-        manager = trio.open_nursery()
-        self._runtime.nursery = await manager.__aenter__()
-        self._nursery_manager = manager
-        if self._num_threads is not None:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(self._num_threads)
+        await self._runtime.enter(self._num_threads)
         return self
 
     async def __aexit__(
@@ -107,19 +97,7 @@ class LocalBackend:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        manager, nursery = self._nursery_manager, self._runtime.nursery
-        assert manager is not None and nursery is not None, "__aexit__ without __aenter__"
-        self._nursery_manager = None
-        self._runtime.nursery = None
-        nursery.cancel_scope.cancel()
-        # The body's own exception is not handed to the nursery: it propagates
-        # unchanged instead of coming out wrapped in an ExceptionGroup.
-        try:
-            await manager.__aexit__(None, None, None)
-        finally:
-            if self._saved_threads is not None:
-                torch.set_num_threads(self._saved_threads)
-                self._saved_threads = None
+        await self._runtime.exit()
         return None
 
     async def create_training_client(
