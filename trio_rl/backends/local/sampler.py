@@ -167,7 +167,7 @@ class LocalSamplingClient:
     steps never change what it samples.
     """
 
-    def __init__(self, engine: SamplingEngine, model_path: str | None) -> None:
+    def __init__(self, engine: BatchingEngine, model_path: str | None) -> None:
         self._engine = engine
         self._model_path = model_path
 
