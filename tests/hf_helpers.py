@@ -25,6 +25,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model(root, seed=0)
 
 
+@pytest.fixture(scope="session")
+def peaked_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """The tiny model with weights of std 0.5: its logits are far from uniform, so
+    (unlike with the default 0.02, where the final norm and tied embeddings cap
+    every logit near 0) a LoRA adapter on its linear layers can change what it samples."""
+    root = tmp_path_factory.mktemp("hf") / "models" / "tiny-qwen3-peaked"
+    return build_tiny_model(root, seed=0, initializer_range=0.5)
+
+
 def backend(log_dir: Path, **kwargs: Any) -> Any:
     """An ``HFBackend`` on the CPU in float32, one torch thread (tests share the cores)."""
     from trio_rl.backends.hf import HFBackend

@@ -10,6 +10,7 @@ from typing import Any, Self
 import torch
 import trio
 
+from trio_rl.backends.hf._extra import require_hf_extra
 from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
 from trio_rl.backends.hf.policy import Policy
@@ -49,6 +50,9 @@ class HFBackend:
         token_budget: most padded tokens per training micro-batch.
         num_threads: torch intra-op threads while entered (``None`` keeps torch's
             setting; restored on exit).
+
+    Raises:
+        MissingExtraError: if transformers or peft is not installed.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class HFBackend:
         token_budget: int = 4096,
         num_threads: int | None = None,
     ) -> None:
+        require_hf_extra()
         if max_batch_rows < 1 or token_budget < 1:
             raise ValueError("max_batch_rows and token_budget must be at least 1")
         if num_threads is not None and num_threads < 1:
