@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import torch
 import trio
@@ -16,7 +15,7 @@ from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer,
 from trio_rl.backends.hf.policy import Policy
 from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, _adam_on
 from trio_rl.backends.local.optimizer import AdamState
-from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
 
 
 @dataclass
@@ -25,7 +24,7 @@ class _Loaded:
     tokenizer: Any
 
 
-class HFBackend:
+class HFBackend(InProcessBackend):
     """Trains and samples a Hugging Face causal LM in this process, with LoRA or in full.
 
     Enter it around everything that uses it::
@@ -90,24 +89,6 @@ class HFBackend:
     def dtype(self) -> torch.dtype:
         """The dtype of the loaded weights (LoRA adapters stay float32)."""
         return self._dtype
-
-    @property
-    def log_dir(self) -> Path:
-        """Where checkpoints are written."""
-        return self._runtime.log_dir
-
-    async def __aenter__(self) -> Self:
-        await self._runtime.enter(self._num_threads)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        await self._runtime.exit()
-        return None
 
     def _load(self, source: ModelSource) -> _Loaded:
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))

@@ -142,14 +142,8 @@ class HFSamplingEngine(BatchingEngine):
         new_cache = [(layer.keys, layer.values) for layer in grown.layers]
         return out.logits[:, -1].to("cpu", torch.float64), new_cache
 
-    def _forward_step(self, admit: list[Request]) -> Tensor | None:
+    def _select_weights(self) -> None:
         self._snapshot.activate()
-        logits: list[Tensor] = []
-        if self._rows:
-            logits.append(self._decode())
-        if admit:
-            logits.append(self._prefill(admit))
-        return torch.cat(logits) if logits else None
 
     def _decode(self) -> Tensor:
         rows = len(self._rows)

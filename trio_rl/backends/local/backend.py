@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import torch
 import trio
 
 from trio_rl.backends.local.checkpoint import load_checkpoint
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
-from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
 
@@ -19,7 +17,7 @@ DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 """The alphabet of the default :class:`CharTokenizer`: printable ASCII letters, digits and punctuation."""
 
 
-class LocalBackend:
+class LocalBackend(InProcessBackend):
     """Trains and samples a small transformer in this process, on the CPU.
 
     Enter it around everything that uses it::
@@ -78,27 +76,9 @@ class LocalBackend:
         """The model sizes of fresh training clients."""
         return self._model_config
 
-    @property
-    def log_dir(self) -> Path:
-        """Where checkpoints are written."""
-        return self._runtime.log_dir
-
     def get_tokenizer(self) -> CharTokenizer:
         """The tokenizer of fresh training clients (same as :attr:`tokenizer`)."""
         return self._tokenizer
-
-    async def __aenter__(self) -> Self:
-        await self._runtime.enter(self._num_threads)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        await self._runtime.exit()
-        return None
 
     async def create_training_client(
         self, *, base_model: str, lora_rank: int = 32, seed: int | None = None

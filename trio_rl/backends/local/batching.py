@@ -6,9 +6,9 @@ running batch between decode steps, token choice (:func:`pick_tokens`, one
 generator per sampled row), stop conditions and delivery. A subclass supplies
 the model side, run in a worker thread:
 
-* :meth:`BatchingEngine._forward_step`: one decode pass for the rows already
-  running plus one prefill pass for the newly admitted requests, returning the
-  next-token logits of every row (running rows first, then the new ones);
+* :meth:`BatchingEngine._decode` and :meth:`BatchingEngine._prefill`: one
+  decode pass for the rows already running and one prefill pass for the newly
+  admitted requests, each returning next-token logits;
 * :meth:`BatchingEngine._keep_rows` / :meth:`BatchingEngine._clear_rows`: drop
   finished rows from the model's cache;
 * :meth:`BatchingEngine._score`: ``compute_logprobs``.
@@ -153,11 +153,28 @@ class BatchingEngine:
     def _forward_step(self, admit: list[Request]) -> Tensor | None:
         """Logits ``[rows, vocab]`` (float64, CPU) for running rows, then admitted rows.
 
-        Called in a worker thread under ``torch.inference_mode``. For each
-        admitted request it must append ``num_samples`` rows (via
-        :meth:`_new_rows`) after prefilling its prompt. Returns ``None`` when
-        there are no rows at all.
+        Called in a worker thread under ``torch.inference_mode``: one
+        :meth:`_decode` pass for the running rows, one :meth:`_prefill` pass
+        for the admitted requests. Returns ``None`` when there are no rows at all.
         """
+        self._select_weights()
+        logits: list[Tensor] = []
+        if self._rows:
+            logits.append(self._decode())
+        if admit:
+            logits.append(self._prefill(admit))
+        return torch.cat(logits) if logits else None
+
+    def _select_weights(self) -> None:
+        """Make this engine's weights the ones the next forward pass uses (if shared)."""
+
+    def _decode(self) -> Tensor:
+        """One forward pass of every running row's last token; their next-token logits."""
+        raise NotImplementedError
+
+    def _prefill(self, admit: list[Request]) -> Tensor:
+        """Prefill the admitted prompts, append their rows (via :meth:`_new_rows`)
+        and cache; the logits of each new row's first token."""
         raise NotImplementedError
 
     def _feed_tokens(self, tokens: Tensor) -> None:

@@ -6,6 +6,8 @@ import random
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import torch
 import trio
@@ -81,3 +83,31 @@ class BackendRuntime:
         if self.nursery is None:
             raise RuntimeError(NOT_ENTERED)
         self.nursery.start_soon(fn)
+
+
+class InProcessBackend:
+    """What the in-process backends share: ``async with`` opens and closes their runtime.
+
+    Subclasses set ``self._runtime`` and ``self._num_threads`` in ``__init__``.
+    """
+
+    _runtime: BackendRuntime
+    _num_threads: int | None
+
+    @property
+    def log_dir(self) -> Path:
+        """Where checkpoints are written."""
+        return self._runtime.log_dir
+
+    async def __aenter__(self) -> Self:
+        await self._runtime.enter(self._num_threads)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self._runtime.exit()
+        return None

@@ -83,14 +83,6 @@ class SamplingEngine(BatchingEngine):
         logp = torch.log_softmax(logits[0, :-1], dim=-1).gather(1, x[0, 1:, None])[:, 0]
         return [float(v) for v in logp.tolist()]
 
-    def _forward_step(self, admit: list[Request]) -> Tensor | None:
-        logits: list[Tensor] = []
-        if self._rows:
-            logits.append(self._decode())
-        if admit:
-            logits.append(self._prefill(admit))
-        return torch.cat(logits) if logits else None
-
     def _feed_tokens(self, tokens: Tensor) -> None:
         self._last = tokens
 
