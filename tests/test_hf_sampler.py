@@ -121,3 +121,29 @@ async def test_bad_requests_fail_clearly(tmp_path: Path, tiny_model: TinyModel) 
             # max_seq_len caps the sample: 30 prompt tokens leave room for 2.
             resp = await sampler.sample(tinker_types.ModelInput.from_ints([5] * 30), 1, tinker_types.SamplingParams(max_tokens=10, stop=[]))
             assert len(resp.sequences[0].tokens) == 2 and resp.sequences[0].stop_reason == "length"
+
+
+def test_unsorted_pick_draws_from_the_same_distribution_as_the_sorted_one() -> None:
+    from trio_rl.backends.hf.sampler import pick_tokens_unsorted
+    from trio_rl.backends.local.batching import pick_tokens
+
+    probs = torch.tensor([0.1, 0.5, 0.05, 0.3, 0.05], dtype=torch.float64)
+    rows = 4000
+    logits = probs.log().expand(rows, -1)
+    temperature = torch.ones(rows, dtype=torch.float64)
+    no_k, no_p = torch.full((rows,), -1), torch.ones(rows, dtype=torch.float64)
+    uniform = torch.rand(rows, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tokens, logprobs = pick_tokens_unsorted(logits, temperature, no_k, no_p, uniform)
+    counts = torch.bincount(tokens, minlength=5).double() / rows
+    assert counts.tolist() == pytest.approx(probs.tolist(), abs=0.03)
+    assert logprobs.tolist() == pytest.approx(probs.log()[tokens].tolist())
+    # Greedy and truncated rows are exactly what the sorted pick gives.
+    temperature[:10] = 0.0
+    k = no_k.clone()
+    k[10:20] = 2
+    p = no_p.clone()
+    p[20:30] = 0.7
+    fast, fast_lp = pick_tokens_unsorted(logits, temperature, k, p, uniform)
+    slow, slow_lp = pick_tokens(logits, temperature, k, p, uniform)
+    assert torch.equal(fast[:30], slow[:30]) and torch.equal(fast_lp[:30], slow_lp[:30])
+    assert set(fast[10:30].tolist()) <= {1, 3}

@@ -102,7 +102,8 @@ class Policy:
         if self.is_lora:
             from peft import get_peft_model_state_dict
 
-            return dict(get_peft_model_state_dict(self.model, adapter_name=TRAIN_ADAPTER))
+            # Embeddings are never adapted here; "auto" would probe the hub for a config.
+            return dict(get_peft_model_state_dict(self.model, adapter_name=TRAIN_ADAPTER, save_embedding_layers=False))
         return dict(self.model.state_dict())
 
     def load_trained_state(self, state: dict[str, torch.Tensor]) -> None:

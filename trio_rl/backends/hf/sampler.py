@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
-from trio_rl.backends.local.batching import BatchingEngine, Request, Row
+from trio_rl.backends.local.batching import BatchingEngine, Request, Row, pick_tokens
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
 
@@ -53,6 +53,32 @@ def _left_pad(t: Tensor, width: int, dim: int) -> Tensor:
     shape = list(t.shape)
     shape[dim] = width - have
     return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def pick_tokens_unsorted(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`~trio_rl.backends.local.batching.pick_tokens` without the vocabulary sort where it is not needed.
+
+    Rows with no top-k/top-p truncation (and greedy rows) draw by inverse CDF
+    over the tokens in id order; sorting a 50k vocabulary for 64 rows costs
+    more than the small model's decode step on a CPU. Truncated rows go
+    through :func:`pick_tokens`. Same distribution and the same logprobs; for
+    one uniform draw, a different token than :func:`pick_tokens` would give.
+    """
+    vocab = logits.shape[-1]
+    greedy = (temperature <= 0) | (top_k == 1)
+    truncated = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0))
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+    cdf = torch.cumsum(logp.exp(), dim=-1)
+    drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    if truncated.any():
+        rows = truncated.nonzero()[:, 0]
+        picked, _ = pick_tokens(logits[rows], temperature[rows], top_k[rows], top_p[rows], uniform[rows])
+        tokens[rows] = picked
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -103,7 +129,7 @@ class HFSamplingEngine(BatchingEngine):
         self._tokenizer = tokenizer
         self._device = next(snapshot.model.parameters()).device
         self._cache_kw = cache_keyword(snapshot.model)
-        self._cache: list[tuple[Tensor, Tensor]] = []
+        self._past: Any = None  # a transformers DynamicCache: [rows, kv_heads, width, head_dim] per layer
         self._mask = torch.zeros(0, 0, dtype=torch.long)
         self._lengths = torch.zeros(0, dtype=torch.long)
         self._last = torch.zeros(0, dtype=torch.long)
@@ -121,15 +147,8 @@ class HFSamplingEngine(BatchingEngine):
 
     # --------------------------------------------------------------- model
 
-    def _run_model(
-        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: list[tuple[Tensor, Tensor]]
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """One forward pass; returns last-position logits (float64, CPU) and the grown cache."""
-        from transformers import DynamicCache
-
-        past = DynamicCache()
-        for layer, (k, v) in enumerate(cache):
-            past.update(k, v, layer)
+    def _run_model(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> Tensor:
+        """One forward pass, growing ``past`` (a ``DynamicCache``) in place; last-position logits (float64, CPU)."""
         dev = self._device
         out = self._snapshot.model(
             input_ids=input_ids.to(dev),
@@ -138,9 +157,7 @@ class HFSamplingEngine(BatchingEngine):
             use_cache=True,
             **{self._cache_kw: past},
         )
-        grown = getattr(out, self._cache_kw)
-        new_cache = [(layer.keys, layer.values) for layer in grown.layers]
-        return out.logits[:, -1].to("cpu", torch.float64), new_cache
+        return out.logits[:, -1].to("cpu", torch.float64)
 
     def _select_weights(self) -> None:
         self._snapshot.activate()
@@ -148,12 +165,14 @@ class HFSamplingEngine(BatchingEngine):
     def _decode(self) -> Tensor:
         rows = len(self._rows)
         mask = torch.cat([self._mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
-        logits, self._cache = self._run_model(self._last[:, None], mask, self._lengths[:, None], self._cache)
+        logits = self._run_model(self._last[:, None], mask, self._lengths[:, None], self._past)
         self._mask = mask
         self._lengths = self._lengths + 1
         return logits
 
     def _prefill(self, admit: list[Request]) -> Tensor:
+        from transformers import DynamicCache
+
         lengths = torch.tensor([len(r.prompt) for r in admit])
         width = int(lengths.max())
         tokens = torch.zeros(len(admit), width, dtype=torch.long)
@@ -162,24 +181,25 @@ class HFSamplingEngine(BatchingEngine):
             tokens[i, width - len(request.prompt):] = torch.tensor(request.prompt)
             mask[i, width - len(request.prompt):] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        last, kv = self._run_model(tokens, mask, positions, [])
+        fresh = DynamicCache()
+        last = self._run_model(tokens, mask, positions, fresh)
         # Every sample of a request starts from the same prompt: prefill once, copy rows.
         repeats = torch.tensor([r.num_samples for r in admit])
         index = torch.arange(len(admit)).repeat_interleave(repeats)
-        kv = [(k[index.to(k.device)], v[index.to(v.device)]) for k, v in kv]
         mask, lengths = mask[index], lengths[index]
         for request in admit:
             self._new_rows(request)
-        if self._cache:
-            slots = max(self._mask.shape[1], width)
-            self._cache = [
-                (torch.cat([_left_pad(k0, slots, 2), _left_pad(k1, slots, 2)]),
-                 torch.cat([_left_pad(v0, slots, 2), _left_pad(v1, slots, 2)]))
-                for (k0, v0), (k1, v1) in zip(self._cache, kv)
-            ]
-            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask, slots, 1)])
+        if self._past is None:
+            for layer in fresh.layers:
+                layer.keys, layer.values = layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.values.device)]
+            self._past, self._mask = fresh, mask
         else:
-            self._cache, self._mask = kv, mask
+            slots = max(self._mask.shape[1], width)
+            for old, new in zip(self._past.layers, fresh.layers):
+                sel = index.to(new.keys.device)
+                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(new.keys[sel], slots, 2)])
+                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(new.values[sel], slots, 2)])
+            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask, slots, 1)])
         self._lengths = torch.cat([self._lengths, lengths])
         self._last = torch.cat([self._last, torch.zeros(len(lengths), dtype=torch.long)])
         return last[index]
@@ -188,7 +208,7 @@ class HFSamplingEngine(BatchingEngine):
         self._last = tokens
 
     def _clear_rows(self) -> None:
-        self._cache = []
+        self._past = None
         self._mask = torch.zeros(0, 0, dtype=torch.long)
         self._lengths = torch.zeros(0, dtype=torch.long)
         self._last = torch.zeros(0, dtype=torch.long)
@@ -198,12 +218,15 @@ class HFSamplingEngine(BatchingEngine):
         # Cut the leading columns that only finished rows used.
         start = int(mask.any(0).long().argmax())
         self._mask = mask[:, start:]
-        self._cache = [
-            (k.index_select(0, keep.to(k.device))[:, :, start:], v.index_select(0, keep.to(v.device))[:, :, start:])
-            for k, v in self._cache
-        ]
+        for layer in self._past.layers:
+            sel = keep.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, sel)[:, :, start:]
+            layer.values = layer.values.index_select(0, sel)[:, :, start:]
         self._lengths = self._lengths.index_select(0, keep)
         self._last = self._last.index_select(0, keep)
+
+    def _pick(self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor) -> tuple[Tensor, Tensor]:
+        return pick_tokens_unsorted(logits, temperature, top_k, top_p, uniform)
 
     def _score(self, tokens: list[int]) -> list[float]:
         self._snapshot.activate()

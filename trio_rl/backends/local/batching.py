@@ -390,7 +390,7 @@ class BatchingEngine:
         top_k = torch.tensor([r.request.top_k for r in rows])
         top_p = torch.tensor([r.request.top_p for r in rows], dtype=torch.float64)
         uniform = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in rows])
-        tokens, logprobs = pick_tokens(logits, temperature, top_k, top_p, uniform)
+        tokens, logprobs = self._pick(logits, temperature, top_k, top_p, uniform)
         finished: list[tuple[Row, tinker_types.StopReason]] = []
         done: list[int] = []
         for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
@@ -410,6 +410,12 @@ class BatchingEngine:
         self._feed_tokens(tokens)
         self._drop(done)
         return finished
+
+    def _pick(
+        self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Choose each row's token: :func:`pick_tokens`, unless a subclass has a faster equivalent."""
+        return pick_tokens(logits, temperature, top_k, top_p, uniform)
 
     def _drop(self, indices: Sequence[int]) -> None:
         if not indices:
