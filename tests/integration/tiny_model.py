@@ -116,7 +116,7 @@ def build_tokenizer(out_dir: Path) -> int:
     return int(tokenizer.get_vocab_size(with_added_tokens=True))
 
 
-def build_tiny_model(out_dir: Path | str, *, seed: int = 0) -> TinyModel:
+def build_tiny_model(out_dir: Path | str, *, seed: int = 0, initializer_range: float = 0.02) -> TinyModel:
     """Write a random ``Qwen3ForCausalLM`` and its tokenizer into ``out_dir``.
 
     Deterministic for a given ``seed``. Nothing is downloaded.
@@ -125,6 +125,9 @@ def build_tiny_model(out_dir: Path | str, *, seed: int = 0) -> TinyModel:
         out_dir: the model directory (created). Its string form is what clients
             pass as ``base_model``, so it must pass :func:`check_model_path`.
         seed: torch seed for the random weights.
+        initializer_range: std of the random weights (the config's default, 0.02,
+            gives near-uniform next-token distributions; the HF backend's
+            learning test uses a larger one so that a LoRA adapter can move them).
 
     Returns:
         A :class:`TinyModel` describing what was written.
@@ -158,6 +161,7 @@ def build_tiny_model(out_dir: Path | str, *, seed: int = 0) -> TinyModel:
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
         dtype="float32",
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]

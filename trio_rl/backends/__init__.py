@@ -1,11 +1,13 @@
-"""Backends: the client protocol and its three implementations.
+"""Backends: the client protocol and its implementations.
 
 - :class:`~trio_rl.testing.FakeBackend` (in :mod:`trio_rl.testing`): virtual time, for tests.
 - :class:`LocalBackend`: torch in-process; no key, no GPU, no downloads.
+- :class:`HFBackend`: a Hugging Face causal LM in-process, LoRA or full
+  fine-tuning (the ``hf`` extra: ``pip install 'trio_rl[hf]'``).
 - :class:`TinkerBackend`: the Tinker service (or a Tinker-compatible server).
 
-The two real backends are imported lazily, so ``import trio_rl`` pulls in
-neither torch's start-up cost nor the tinker SDK's client machinery.
+The real backends are imported lazily, so ``import trio_rl`` pulls in
+neither torch's start-up cost, transformers, nor the tinker SDK's client machinery.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .protocol import Backend, PendingResult, SamplingClient, Tokenizer, Trainin
 
 if TYPE_CHECKING:
     from ._future_bridge import RemoteTimeoutError
+    from .hf import HFBackend
     from .local import CharTokenizer, LocalBackend, ModelConfig
     from .tinker import MissingApiKeyError, TinkerBackend, TinkerTimeouts
 
@@ -24,6 +27,7 @@ _LAZY = {
     "LocalBackend": ".local",
     "ModelConfig": ".local",
     "CharTokenizer": ".local",
+    "HFBackend": ".hf",
     "TinkerBackend": ".tinker",
     "TinkerTimeouts": ".tinker",
     "MissingApiKeyError": ".tinker",
@@ -33,6 +37,7 @@ _LAZY = {
 __all__ = [
     "Backend",
     "CharTokenizer",
+    "HFBackend",
     "LocalBackend",
     "MissingApiKeyError",
     "ModelConfig",

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import torch
 import trio
@@ -14,7 +11,7 @@ import trio
 from trio_rl.backends.local.checkpoint import load_checkpoint
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
-from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
 from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
@@ -23,7 +20,7 @@ DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 """The alphabet of the default :class:`CharTokenizer`: printable ASCII letters, digits and punctuation."""
 
 
-class LocalBackend:
+class LocalBackend(InProcessBackend):
     """Trains and samples a small transformer in this process, on the CPU.
 
     Enter it around everything that uses it::
@@ -71,8 +68,6 @@ class LocalBackend:
         if num_threads is not None and num_threads < 1:
             raise ValueError("num_threads must be at least 1")
         self._num_threads = num_threads
-        self._saved_threads: int | None = None
-        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._base_seeds: dict[str, int] = {}
 
     @property
@@ -85,51 +80,9 @@ class LocalBackend:
         """The model sizes of fresh training clients."""
         return self._model_config
 
-    @property
-    def log_dir(self) -> Path:
-        """Where checkpoints are written."""
-        return self._runtime.log_dir
-
     def get_tokenizer(self) -> CharTokenizer:
         """The tokenizer of fresh training clients (same as :attr:`tokenizer`)."""
         return self._tokenizer
-
-    async def __aenter__(self) -> Self:
-        if self._nursery_manager is not None:
-            raise RuntimeError("this LocalBackend is already entered")
-        manager = trio.open_nursery()
-        self._runtime.nursery = await manager.__aenter__()
-        self._nursery_manager = manager
-        if self._num_threads is not None:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(self._num_threads)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        manager, nursery = self._nursery_manager, self._runtime.nursery
-        assert manager is not None and nursery is not None, "__aexit__ without __aenter__"
-        self._nursery_manager = None
-        self._runtime.nursery = None
-        nursery.cancel_scope.cancel()
-        # The body's own exception is not handed to the nursery: it propagates
-        # unchanged instead of coming out wrapped in an ExceptionGroup.
-        try:
-            await manager.__aexit__(None, None, None)
-        except Exception as teardown:
-            # A failure while closing must not hide the one the body exits with.
-            if exc is None or not isinstance(exc, Exception):
-                raise
-            raise ExceptionGroup("LocalBackend: the block failed, then closing failed too", [exc, teardown]) from None
-        finally:
-            if self._saved_threads is not None:
-                torch.set_num_threads(self._saved_threads)
-                self._saved_threads = None
-        return None
 
     async def create_training_client(
         self, *, base_model: str, lora_rank: int = 32, seed: int | None = None

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -77,25 +78,60 @@ def save_checkpoint(
         tokenizer: saved as ``tokenizer.json``.
         kind: ``"state"`` (resumable) or ``"sampler"`` (weights only).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    def write(tmp: Path) -> None:
         save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, tmp / "weights.safetensors")
         meta: dict[str, Any] = {"format": FORMAT, "kind": kind}
         if adam is not None:
-            moments = {f"exp_avg/{k}": v.contiguous().clone() for k, v in adam.exp_avg.items()}
-            moments.update({f"exp_avg_sq/{k}": v.contiguous().clone() for k, v in adam.exp_avg_sq.items()})
-            save_file(moments, tmp / "optimizer.safetensors")
+            save_file(adam_tensors(adam), tmp / "optimizer.safetensors")
             meta["step"] = adam.step
         (tmp / "meta.json").write_text(json.dumps(meta))
         (tmp / "model_config.json").write_text(model_config.to_json())
         (tmp / "tokenizer.json").write_text(tokenizer.to_json())
+
+    write_folder_atomically(path, write)
+
+
+def write_folder_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Fill a temporary sibling folder with ``write(tmp)``, then rename it to ``path``.
+
+    A crash never leaves a half-written folder under the final name; a folder
+    already at ``path`` is replaced.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        write(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def adam_tensors(adam: AdamState) -> dict[str, Tensor]:
+    """Adam's moments as one flat dict: ``exp_avg/<param>`` and ``exp_avg_sq/<param>``."""
+    moments = {f"exp_avg/{k}": v.contiguous().clone() for k, v in adam.exp_avg.items()}
+    moments.update({f"exp_avg_sq/{k}": v.contiguous().clone() for k, v in adam.exp_avg_sq.items()})
+    return moments
+
+
+def load_adam(opt_file: Path, step: int) -> AdamState:
+    """Read the moments :func:`adam_tensors` wrote to ``opt_file``, with the step count.
+
+    Raises:
+        ValueError: if the file holds a tensor of another kind.
+    """
+    adam = AdamState(step=step)
+    for key, value in load_file(opt_file).items():
+        group, _, name = key.partition("/")
+        if group == "exp_avg":
+            adam.exp_avg[name] = value
+        elif group == "exp_avg_sq":
+            adam.exp_avg_sq[name] = value
+        else:
+            raise ValueError(f"{opt_file} has an unexpected tensor {key!r}")
+    return adam
 
 
 def load_checkpoint(path: Path, *, with_optimizer: bool = True) -> SavedState:
@@ -125,15 +161,7 @@ def load_checkpoint(path: Path, *, with_optimizer: bool = True) -> SavedState:
         opt_file = path / "optimizer.safetensors"
         if kind != "state" or not opt_file.is_file():
             raise ValueError(f"{path} holds no optimizer state; load it with with_optimizer=False")
-        adam = AdamState(step=int(meta["step"]))
-        for key, value in load_file(opt_file).items():
-            group, _, name = key.partition("/")
-            if group == "exp_avg":
-                adam.exp_avg[name] = value
-            elif group == "exp_avg_sq":
-                adam.exp_avg_sq[name] = value
-            else:
-                raise ValueError(f"{opt_file} has an unexpected tensor {key!r}")
+        adam = load_adam(opt_file, int(meta["step"]))
     return SavedState(
         weights=load_file(path / "weights.safetensors"),
         adam=adam,

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
+import torch
 import trio
 
 NOT_ENTERED = (
@@ -31,6 +35,48 @@ class BackendRuntime:
         # and two jobs at once would only fight over them.
         self.limiter = trio.CapacityLimiter(1)
         self.nursery: trio.Nursery | None = None
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._saved_threads: int | None = None
+
+    async def enter(self, num_threads: int | None) -> None:
+        """Open the nursery and set torch's thread count (the backend's ``__aenter__``).
+
+        Raises:
+            RuntimeError: if already entered.
+        """
+        if self._nursery_manager is not None:
+            raise RuntimeError("this backend is already entered")
+        manager = trio.open_nursery()
+        self.nursery = await manager.__aenter__()
+        self._nursery_manager = manager
+        if num_threads is not None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(num_threads)
+
+    async def exit(self, body_error: BaseException | None = None) -> None:
+        """Cancel the background tasks, wait for them, restore torch's thread count.
+
+        Args:
+            body_error: what the ``async with`` block is exiting with; a failure
+                while closing is then raised beside it, never instead of it.
+        """
+        manager, nursery = self._nursery_manager, self.nursery
+        assert manager is not None and nursery is not None, "exit without enter"
+        self._nursery_manager = None
+        self.nursery = None
+        nursery.cancel_scope.cancel()
+        # The body's own exception is not handed to the nursery: it propagates
+        # unchanged instead of coming out wrapped in an ExceptionGroup.
+        try:
+            await manager.__aexit__(None, None, None)
+        except Exception as teardown:
+            if not isinstance(body_error, Exception):
+                raise
+            raise ExceptionGroup("the backend's block failed, then closing it failed too", [body_error, teardown]) from None
+        finally:
+            if self._saved_threads is not None:
+                torch.set_num_threads(self._saved_threads)
+                self._saved_threads = None
 
     def require_entered(self) -> None:
         """Raise ``RuntimeError`` unless the backend's ``async with`` block is active."""
@@ -46,3 +92,31 @@ class BackendRuntime:
         if self.nursery is None:
             raise RuntimeError(NOT_ENTERED)
         self.nursery.start_soon(fn)
+
+
+class InProcessBackend:
+    """What the in-process backends share: ``async with`` opens and closes their runtime.
+
+    Subclasses set ``self._runtime`` and ``self._num_threads`` in ``__init__``.
+    """
+
+    _runtime: BackendRuntime
+    _num_threads: int | None
+
+    @property
+    def log_dir(self) -> Path:
+        """Where checkpoints are written."""
+        return self._runtime.log_dir
+
+    async def __aenter__(self) -> Self:
+        await self._runtime.enter(self._num_threads)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self._runtime.exit(exc)
+        return None

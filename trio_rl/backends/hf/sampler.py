@@ -1,0 +1,248 @@
+"""Batched, KV-cached sampling from a Hugging Face causal LM.
+
+The request queue, token choice, stops and delivery are the toy engine's
+(:class:`~trio_rl.backends.local.batching.BatchingEngine`); this module is the
+model side. Concurrent ``sample`` calls share decode steps: each engine
+iteration runs ONE forward pass of every running row (its last token) and one
+prefill pass of the newly admitted prompts, then picks every row's next token.
+
+Rows of different lengths share one HF ``DynamicCache`` by LEFT padding: the
+cache is ``[rows, kv_heads, width, head_dim]`` per layer, each row's tokens sit
+at its right end, and a ``[rows, width]`` attention mask marks the real slots.
+Position ids are per row (its own length), so padding changes no position.
+A newly prefilled group is left-padded to the running width (or the running
+rows to its width) and concatenated; finished rows are dropped, and leading
+columns that no remaining row uses are cut off.
+
+Determinism: each sampled row has its own generator seeded from (request seed,
+sample index), and token choice reads float64 copies of the logits, row by row.
+The forward pass runs in the model's dtype (float32 on CPU), where a row's
+logits depend in the last bits on what else is in the batch (matmul shapes and
+padding differ). ``tests/test_hf_sampler.py`` checks that seeded requests give
+the same tokens alone and batched with requests of other lengths on the tiny
+model, with logprobs equal to within 1e-4 (not bit for bit). In bfloat16 (GPU)
+the noise is larger and a seeded sample may take another token after a
+near-tie (not measured here: no GPU); pass ``dtype="float32"`` where exact
+repeats matter.
+
+Stop strings are matched on decoded text (the tail of each row), not on token
+sequences, since a BPE tokenizer can spell one string many ways.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trio_rl.backends.hf.policy import Snapshot
+from trio_rl.backends.local.batching import BatchingEngine, Request, Row, pick_tokens
+from trio_rl.backends.local.runtime import BackendRuntime
+from trio_rl.backends.local.sampler import LocalSamplingClient
+
+_STOP_WINDOW_SLACK = 4
+"""Extra tokens decoded beyond a stop string's length when looking for it."""
+
+
+def _left_pad(t: Tensor, width: int, dim: int) -> Tensor:
+    """Zero-pad ``t`` on the left of ``dim`` up to ``width``."""
+    have = t.shape[dim]
+    if have == width:
+        return t
+    shape = list(t.shape)
+    shape[dim] = width - have
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def pick_tokens_unsorted(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`~trio_rl.backends.local.batching.pick_tokens` without the vocabulary sort where it is not needed.
+
+    Rows with no top-k/top-p truncation (and greedy rows) draw by inverse CDF
+    over the tokens in id order; sorting a 50k vocabulary for 64 rows costs
+    more than the small model's decode step on a CPU. Truncated rows go
+    through :func:`pick_tokens`. Same distribution and the same logprobs; for
+    one uniform draw, a different token than :func:`pick_tokens` would give.
+    """
+    vocab = logits.shape[-1]
+    greedy = (temperature <= 0) | (top_k == 1)
+    truncated = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0))
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+    cdf = torch.cumsum(logp.exp(), dim=-1)
+    drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    if truncated.any():
+        rows = truncated.nonzero()[:, 0]
+        picked, _ = pick_tokens(logits[rows], temperature[rows], top_k[rows], top_p[rows], uniform[rows])
+        tokens[rows] = picked
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The tokens that end a generation by default: the tokenizer's and generation config's EOS."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward argument (and output field) of the KV cache: ``cache`` since
+    transformers 5.2x renamed it, ``past_key_values`` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+class HFSamplingEngine(BatchingEngine):
+    """Serves ``sample`` and ``compute_logprobs`` for one snapshot of a HF model.
+
+    Args:
+        snapshot: the frozen weights (activated before every forward pass).
+        tokenizer: the HF tokenizer (decodes rows to match stop strings).
+        runtime: the backend's nursery, thread limiter and seed source.
+        vocab_size: token ids must lie below this.
+        max_seq_len: prompt plus sample never exceed this.
+        default_stop_ids: stops of a request whose ``stop`` is ``None``.
+    """
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        tokenizer: Any,
+        runtime: BackendRuntime,
+        *,
+        vocab_size: int,
+        max_seq_len: int,
+        default_stop_ids: frozenset[int],
+    ) -> None:
+        super().__init__(runtime, vocab_size=vocab_size, max_seq_len=max_seq_len, default_stop_ids=default_stop_ids)
+        self._snapshot = snapshot
+        self._tokenizer = tokenizer
+        self._device = next(snapshot.model.parameters()).device
+        self._cache_kw = cache_keyword(snapshot.model)
+        self._past: Any = None  # a transformers DynamicCache: [rows, kv_heads, width, head_dim] per layer
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._lengths = torch.zeros(0, dtype=torch.long)
+        self._last = torch.zeros(0, dtype=torch.long)
+
+    # --------------------------------------------------------------- stops
+
+    def _encode_stop_string(self, text: str) -> list[tuple[int, ...]] | None:
+        return None  # matched as text: see _stop_string_hit
+
+    def _stop_string_hit(self, row: Row) -> bool:
+        strings = row.request.stop_strings
+        window = max(len(s) for s in strings) + _STOP_WINDOW_SLACK
+        tail = self._tokenizer.decode(row.tokens[-window:])
+        return any(s in tail for s in strings)
+
+    # --------------------------------------------------------------- model
+
+    def _run_model(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> Tensor:
+        """One forward pass, growing ``past`` (a ``DynamicCache``) in place; last-position logits (float64, CPU)."""
+        dev = self._device
+        out = self._snapshot.model(
+            input_ids=input_ids.to(dev),
+            attention_mask=attention_mask.to(dev),
+            position_ids=position_ids.to(dev),
+            use_cache=True,
+            **{self._cache_kw: past},
+        )
+        return out.logits[:, -1].to("cpu", torch.float64)
+
+    def _select_weights(self) -> None:
+        self._snapshot.activate()
+
+    def _decode(self) -> Tensor:
+        rows = len(self._rows)
+        mask = torch.cat([self._mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+        logits = self._run_model(self._last[:, None], mask, self._lengths[:, None], self._past)
+        self._mask = mask
+        self._lengths = self._lengths + 1
+        return logits
+
+    def _prefill(self, admit: list[Request]) -> Tensor:
+        from transformers import DynamicCache
+
+        lengths = torch.tensor([len(r.prompt) for r in admit])
+        width = int(lengths.max())
+        tokens = torch.zeros(len(admit), width, dtype=torch.long)
+        mask = torch.zeros(len(admit), width, dtype=torch.long)
+        for i, request in enumerate(admit):
+            tokens[i, width - len(request.prompt):] = torch.tensor(request.prompt)
+            mask[i, width - len(request.prompt):] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        fresh = DynamicCache()
+        last = self._run_model(tokens, mask, positions, fresh)
+        # Every sample of a request starts from the same prompt: prefill once, copy rows.
+        repeats = torch.tensor([r.num_samples for r in admit])
+        index = torch.arange(len(admit)).repeat_interleave(repeats)
+        mask, lengths = mask[index], lengths[index]
+        for request in admit:
+            self._new_rows(request)
+        if self._past is None:
+            for layer in fresh.layers:
+                layer.keys, layer.values = layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.values.device)]
+            self._past, self._mask = fresh, mask
+        else:
+            slots = max(self._mask.shape[1], width)
+            for old, new in zip(self._past.layers, fresh.layers):
+                sel = index.to(new.keys.device)
+                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(new.keys[sel], slots, 2)])
+                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(new.values[sel], slots, 2)])
+            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask, slots, 1)])
+        self._lengths = torch.cat([self._lengths, lengths])
+        self._last = torch.cat([self._last, torch.zeros(len(lengths), dtype=torch.long)])
+        return last[index]
+
+    def _feed_tokens(self, tokens: Tensor) -> None:
+        self._last = tokens
+
+    def _clear_rows(self) -> None:
+        self._past = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._lengths = torch.zeros(0, dtype=torch.long)
+        self._last = torch.zeros(0, dtype=torch.long)
+
+    def _keep_rows(self, keep: Tensor) -> None:
+        mask = self._mask.index_select(0, keep)
+        # Cut the leading columns that only finished rows used.
+        start = int(mask.any(0).long().argmax())
+        self._mask = mask[:, start:]
+        for layer in self._past.layers:
+            sel = keep.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, sel)[:, :, start:]
+            layer.values = layer.values.index_select(0, sel)[:, :, start:]
+        self._lengths = self._lengths.index_select(0, keep)
+        self._last = self._last.index_select(0, keep)
+
+    def _pick(self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor) -> tuple[Tensor, Tensor]:
+        return pick_tokens_unsorted(logits, temperature, top_k, top_p, uniform)
+
+    def _score(self, tokens: list[int]) -> list[float]:
+        self._snapshot.activate()
+        dev = self._device
+        x = torch.tensor([tokens], device=dev)
+        logits = self._snapshot.model(input_ids=x, use_cache=False).logits[0, :-1].double()
+        logp = torch.log_softmax(logits, dim=-1).gather(1, x[0, 1:, None])[:, 0]
+        return [float(v) for v in logp.cpu().tolist()]
+
+
+class HFSamplingClient(LocalSamplingClient):
+    """A sampling client pinned to one snapshot of an HF training client's weights.
+
+    Created by ``HFTrainingClient.save_weights_for_sampler``; later optimizer
+    steps never change what it samples. ``sample`` behaves as the local
+    backend's, except that ``stop`` strings are matched on decoded text, and
+    ``stop=None`` stops at the model's EOS tokens.
+    """

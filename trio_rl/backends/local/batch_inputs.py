@@ -1,0 +1,104 @@
+"""From ``tinker.types.Datum`` batches to loss tensors and back, for any in-process model.
+
+The model-independent half of ``forward_backward``: validate each datum's
+``model_input`` and ``loss_fn_inputs``, turn them into tensors, apply a loss of
+:mod:`.losses` to the learner's logprobs of the target tokens, and pack the
+per-datum outputs. The toy model and the Hugging Face backend differ only in
+how they compute those logprobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tinker import types as tinker_types
+from torch import Tensor
+
+from trio_rl import _tinker_compat
+from trio_rl.backends.local.losses import LOSS_FUNCTIONS, REQUIRED_INPUTS
+
+
+def as_array(value: object) -> np.ndarray:
+    """A ``loss_fn_inputs`` value (TensorData on any SDK version, numpy, torch, list) as numpy."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    to_numpy = getattr(value, "to_numpy", None)
+    if callable(to_numpy):
+        return np.asarray(to_numpy())
+    data = getattr(value, "data", value)
+    return np.asarray(data)
+
+
+@dataclass
+class DatumInputs:
+    """One datum, checked: its input tokens and its ``loss_fn_inputs`` as CPU tensors."""
+
+    tokens: list[int]
+    tensors: dict[str, Tensor]
+
+    @property
+    def targets(self) -> Tensor:
+        """The ``target_tokens`` (long)."""
+        return self.tensors["target_tokens"]
+
+
+def parse_batch(
+    data: Sequence[tinker_types.Datum], loss_fn: str, *, vocab_size: int, max_seq_len: int
+) -> list[DatumInputs]:
+    """Check every datum of a batch and turn it into tensors.
+
+    Raises:
+        ValueError: for an empty or too long input, missing inputs, mismatched
+            lengths or out-of-range tokens, naming the datum.
+    """
+    parsed: list[DatumInputs] = []
+    for i, datum in enumerate(data):
+        seq = datum.model_input.to_ints()
+        if not seq:
+            raise ValueError(f"datum {i} has an empty model_input")
+        if len(seq) > max_seq_len:
+            raise ValueError(f"datum {i} has {len(seq)} tokens, more than max_seq_len {max_seq_len}")
+        missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in datum.loss_fn_inputs]
+        if missing:
+            raise ValueError(f"datum {i} lacks loss_fn_inputs {missing} needed by {loss_fn!r}")
+        tensors: dict[str, Tensor] = {}
+        for key, value in datum.loss_fn_inputs.items():
+            array = as_array(value).reshape(-1)
+            if array.shape[0] != len(seq):
+                raise ValueError(f"datum {i}: loss_fn_inputs[{key!r}] has {array.shape[0]} values for {len(seq)} tokens")
+            dtype = torch.long if key == "target_tokens" else torch.float32
+            tensors[key] = torch.as_tensor(array.copy()).to(dtype)
+        targets = tensors["target_tokens"]
+        if int(targets.min()) < 0 or int(targets.max()) >= vocab_size:
+            raise ValueError(f"datum {i} has target tokens outside [0, {vocab_size})")
+        if any(not 0 <= t < vocab_size for t in seq):
+            raise ValueError(f"datum {i} has input tokens outside [0, {vocab_size})")
+        parsed.append(DatumInputs(seq, tensors))
+    return parsed
+
+
+def datum_losses(
+    logprobs: Sequence[Tensor], inputs: Sequence[DatumInputs], loss_fn: str, config: Mapping[str, float]
+) -> list[Tensor]:
+    """Per-token losses of each datum, from the learner's target logprobs (``[len]`` each)."""
+    fn = LOSS_FUNCTIONS[loss_fn]
+    return [
+        fn(lp, {k: v.to(lp.device) for k, v in datum.tensors.items()}, config)
+        for lp, datum in zip(logprobs, inputs)
+    ]
+
+
+def datum_outputs(
+    logprobs: Sequence[Tensor], losses: Sequence[Tensor]
+) -> list[dict[str, tinker_types.TensorData]]:
+    """The ``loss_fn_outputs`` of each datum: ``logprobs`` and ``elementwise_loss`` as float32."""
+    return [
+        {
+            "logprobs": _tinker_compat.tensor(lp.detach().float().cpu().numpy(), "float32"),
+            "elementwise_loss": _tinker_compat.tensor(loss.detach().float().cpu().numpy(), "float32"),
+        }
+        for lp, loss in zip(logprobs, losses)
+    ]
