@@ -80,8 +80,7 @@ async def host(args: Args) -> dict[str, Any]:
             reward = record["env/all/reward/total"]
             seen["best_reward"] = max(seen["best_reward"], reward)
             print(
-                f"[host] step {record['step']:4d}  reward {reward:.3f}  "
-                f"staleness {record['async/staleness_max']}",
+                f"[host] step {record['step']:4d}  reward {reward:.3f}  staleness {record['async/staleness_max']}",
                 flush=True,
             )
             if reward >= args.threshold:

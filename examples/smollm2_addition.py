@@ -181,7 +181,9 @@ class AdditionDataset(RLDataset):
         rng = random.Random(derive_seed(self.args.seed, "smollm2_addition", index))
         top = self.args.max_operand
         return [
-            AdditionGroupBuilder(rng.randint(0, top), rng.randint(0, top), self.args.group_size, self.renderer, self.args.format_reward)
+            AdditionGroupBuilder(
+                rng.randint(0, top), rng.randint(0, top), self.args.group_size, self.renderer, self.args.format_reward
+            )
             for _ in range(self.args.groups_per_batch)
         ]
 

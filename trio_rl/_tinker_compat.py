@@ -65,9 +65,7 @@ def tensor(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> 
     return tinker_types.TensorData(data=np.asarray(values, dtype=dtype), dtype=dtype)  # type: ignore[arg-type]
 
 
-def with_loss_fn_inputs(
-    datum: tinker_types.Datum, inputs: dict[str, tinker_types.TensorData]
-) -> tinker_types.Datum:
+def with_loss_fn_inputs(datum: tinker_types.Datum, inputs: dict[str, tinker_types.TensorData]) -> tinker_types.Datum:
     """``datum`` with other ``loss_fn_inputs`` (a dataclass in recent SDKs, a pydantic model in older ones).
 
     The inputs are the datum's own, less some or with values of the same shapes, so

@@ -152,7 +152,11 @@ def flavour_of(fn: Callable[..., Any]) -> Flavour:
     functions, not on instances).
     """
     func = getattr(fn, "__func__", None)
-    key = (func, type(getattr(fn, "__self__", None))) if func is not None else (fn if inspect.isfunction(fn) else type(fn), None)
+    key = (
+        (func, type(getattr(fn, "__self__", None)))
+        if func is not None
+        else (fn if inspect.isfunction(fn) else type(fn), None)
+    )
     try:
         return _FLAVOURS[key]
     except KeyError:
@@ -206,7 +210,8 @@ def _import_trio_asyncio() -> types.ModuleType:
 
     asyncio.new_event_loop = new_event_loop
     asyncio.events.new_event_loop = new_event_loop
-    return trio_asyncio
+    module: types.ModuleType = trio_asyncio
+    return module
 
 
 class UserCodeRunner:

@@ -38,7 +38,7 @@ from typing import IO, Any, Literal, Self, TypeVar
 import trio
 import tyro
 
-from .backends.protocol import Backend, Tokenizer, TrainingClient
+from .backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
 from .checkpoint import CheckpointLog
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError
@@ -318,6 +318,14 @@ class _BindTokenizer:
             await self._inner.create_training_client_from_state(path, with_optimizer=with_optimizer)
         )
 
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
+        return await self._inner.create_sampling_client(base_model=base_model, model_path=model_path)
+
+    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+        check: Callable[[str, dict[str, float] | None], None] | None = getattr(self._inner, "check_loss_fn", None)
+        if check is not None:
+            check(loss_fn, loss_fn_config)
+
 
 def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyTokenizer]:
     """The backend named by ``--backend`` and the tokenizer envs should use.
@@ -409,7 +417,9 @@ async def _watch_for_stop_signals(
             outcome.presses += 1
             if outcome.stopped_by is None:
                 outcome.stopped_by = signum
-                out.write("\ninterrupted: saving the last completed step (press Ctrl-C twice more to quit without saving)\n")
+                out.write(
+                    "\ninterrupted: saving the last completed step (press Ctrl-C twice more to quit without saving)\n"
+                )
                 run_scope.cancel()
             elif outcome.presses == 2:
                 out.write("still saving the last completed step; Ctrl-C once more quits without saving\n")

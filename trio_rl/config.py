@@ -361,4 +361,6 @@ def _in_range(
 
 def _divides(name: str, value: int, divisor_name: str, divisor: int) -> None:
     if value % divisor != 0:
-        raise ConfigError(name, f"{value} is not divisible by {divisor_name}={divisor}; make it a multiple of {divisor}")
+        raise ConfigError(
+            name, f"{value} is not divisible by {divisor_name}={divisor}; make it a multiple of {divisor}"
+        )

@@ -19,6 +19,7 @@ PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
 MASK_KEY = "mask"
 """The action mask every Datum carries, as in the cookbook; :func:`without_mask` drops it before submission."""
 
+
 def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     """Group-centred advantages: each trajectory's total reward minus its group's mean."""
     advantages: list[list[float]] = []
@@ -84,7 +85,10 @@ class _Sequence:
 
     def to_datum(self, loss_fn: str) -> tinker_types.Datum:
         # The model reads tokens[:-1] and is scored on predicting tokens[1:].
-        inputs = {"target_tokens": compat.tensor(self.tokens[1:], "int64"), MASK_KEY: compat.tensor(self.mask[1:], "float32")}
+        inputs = {
+            "target_tokens": compat.tensor(self.tokens[1:], "int64"),
+            MASK_KEY: compat.tensor(self.mask[1:], "float32"),
+        }
         if loss_fn == "cross_entropy":
             inputs["weights"] = compat.tensor(self.mask[1:], "float32")
         else:
@@ -97,7 +101,9 @@ class _Sequence:
         return datum
 
 
-def trajectory_to_data(trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling") -> list[tinker_types.Datum]:
+def trajectory_to_data(
+    trajectory: Trajectory, advantage: float, loss_fn: str = "importance_sampling"
+) -> list[tinker_types.Datum]:
     """Turn one trajectory into training data.
 
     Turns whose observation extends the sequence so far (the usual multi-turn chat

@@ -45,7 +45,14 @@ from .ledger import DataLedger
 from .metrics import MetricsLog
 from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import RunCounts, TokenCounts, group_metrics, rollout_error_metrics, step_tokens, trained_step_metrics
+from .step_metrics import (
+    RunCounts,
+    TokenCounts,
+    group_metrics,
+    rollout_error_metrics,
+    step_tokens,
+    trained_step_metrics,
+)
 from .training_step import StepRunner, TrainedStep
 from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .weights import LatestWeights
@@ -130,9 +137,7 @@ async def run_pipeline(
     notes_send, notes_recv = trio.open_memory_channel[Handout](math.inf)
     # The back edge of a cycle must never block: the trainer sends without
     # waiting, the dataloader drains.
-    requeue_send, requeue_recv = (
-        trio.open_memory_channel[WorkItem](math.inf) if schedule.back_edge else (None, None)
-    )
+    requeue_send, requeue_recv = trio.open_memory_channel[WorkItem](math.inf) if schedule.back_edge else (None, None)
     evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
     cursor, owed = ledger_start
     ledger = DataLedger(cursor, owed, notes_recv)
@@ -581,7 +586,9 @@ class Trainer:
         self._ledger.retire(g.item.key for g in done.taken)
         c = self.counts
         trained_ids = {id(g) for g in done.trained}
-        tokens, discarded = step_tokens(done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted)
+        tokens, discarded = step_tokens(
+            done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted
+        )
         self.counts = RunCounts(
             trained_groups=c.trained_groups + len(done.trained),
             filtered_groups=c.filtered_groups + len(done.taken) - len(done.trained),

@@ -25,9 +25,9 @@ cookbook's) run on the run's asyncio loop and Trio ones run natively.
 
 from __future__ import annotations
 
-import itertools
 import functools
 import inspect
+import itertools
 import math
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -75,9 +75,7 @@ class SamplingPolicy:
     rollout's randomness depends only on its identity, not on scheduling.
     """
 
-    def __init__(
-        self, client: SamplingClient, sampling_params: tinker_types.SamplingParams, seed: int
-    ) -> None:
+    def __init__(self, client: SamplingClient, sampling_params: tinker_types.SamplingParams, seed: int) -> None:
         self._client = client
         self._params = sampling_params
         self._seed = seed
@@ -164,7 +162,9 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
         else:
             result = await step(action.tokens)
         # Results are read by field name: a cookbook env returns the cookbook's StepResult.
-        transition = Transition(ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {}))
+        transition = Transition(
+            ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {})
+        )
         transitions.append(transition)
         if result.episode_done:
             return Trajectory(

@@ -505,4 +505,3 @@ class RequeueStepPlanner(StepPlanner):
                 break
         self._fresh -= len(batch)
         return sorted(batch, key=lambda g: (g.item.order, g.item.attempt))
-

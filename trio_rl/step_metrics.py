@@ -131,7 +131,9 @@ def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
 
 
 def step_tokens(
-    trained: Sequence[FinishedGroup], filtered: Sequence[FinishedGroup], submitted: Sequence[Sequence[tinker_types.Datum]]
+    trained: Sequence[FinishedGroup],
+    filtered: Sequence[FinishedGroup],
+    submitted: Sequence[Sequence[tinker_types.Datum]],
 ) -> tuple[TokenCounts, TokenCounts]:
     """A step's tokens (its trained groups' rollouts and its submitted data) and the discarded ones
     (rollouts of groups removed by the constant-reward filter), as the cookbook's ``CostTracker`` splits them."""
@@ -223,7 +225,9 @@ def result_metrics(results: Sequence[Any]) -> Metrics:
     return metrics
 
 
-def trained_step_metrics(done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None) -> Metrics:
+def trained_step_metrics(
+    done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None
+) -> Metrics:
     """The record of one trained step, under tinker-cookbook's keys where it has one.
 
     ``progress/batch`` and ``training_client/step`` are the step's index (the

@@ -24,7 +24,17 @@ from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
 from .determinism import derive_seed
-from .types import Env, EnvGroupBuilder, Metrics, Observation, RLDataset, StepResult, StopCondition, Trajectory
+from .types import (
+    ActionExtra,
+    Env,
+    EnvGroupBuilder,
+    Metrics,
+    Observation,
+    RLDataset,
+    StepResult,
+    StopCondition,
+    Trajectory,
+)
 
 Latency = float | Callable[[Any], float]
 """Seconds of virtual latency: a constant, or a function of the request."""
@@ -148,13 +158,9 @@ class FakeTrainingClient:
         tokens = sum(d.model_input.length for d in data)
         # A fake env's prompt starts with its group's identity (see FakeEnv).
         groups = sorted({_fake_group_key(d) for d in data})
-        backend._record(
-            "forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups
-        )
+        backend._record("forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups)
         await trio.lowlevel.checkpoint()
-        outputs = [
-            {"logprobs": compat.tensor([-0.5] * d.model_input.length, "float32")} for d in data
-        ]
+        outputs = [{"logprobs": compat.tensor([-0.5] * d.model_input.length, "float32")} for d in data]
         value = compat.forward_backward_output(outputs, {"loss:sum": float(tokens) * 0.5})
         ready = self._schedule(_latency(backend.train_latency, data))
         return _FakePending(ready, value, backend.fail_train)
@@ -323,7 +329,7 @@ class FakeEnv(Env):
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         return compat.model_input_from_ints(list(self.tokens)), [0]
 
-    async def step(self, action: list[int]) -> StepResult:
+    async def step(self, action: list[int], *, extra: ActionExtra | None = None) -> StepResult:
         spec = self.spec
         failing = spec.fail_attempts is None or self.attempt < spec.fail_attempts
         if spec.fail_at.get(self.key) == "step" and failing and self.index == 0:
@@ -427,7 +433,9 @@ class FakeDataset(RLDataset):
         self.batches_built.append(index)
         # The same builder object each time, so tests can inspect its attempts.
         return [
-            self._builders.setdefault((index, g), FakeEnvGroupBuilder((index, g), self.spec, self.log, self.tags(index, g)))
+            self._builders.setdefault(
+                (index, g), FakeEnvGroupBuilder((index, g), self.spec, self.log, self.tags(index, g))
+            )
             for g in range(self.batch_sizes[index])
         ]
 

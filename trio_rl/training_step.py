@@ -137,7 +137,9 @@ class StepRunner:
         if data:
             current.pending.append(
                 await self._client.forward_backward(
-                    [without_mask(d) for d in data], self._loss_fn, self._loss_fn_config  # type: ignore[arg-type]
+                    [without_mask(d) for d in data],
+                    self._loss_fn,  # type: ignore[arg-type]  # checked against LossFnType before the run
+                    self._loss_fn_config,
                 )
             )
             current.submitted.append(data)

@@ -224,9 +224,7 @@ class TrajectoryGroup:
     def get_total_rewards(self) -> list[float]:
         """Per trajectory, the sum of its step rewards plus its final group reward."""
         if len(self.trajectories_G) != len(self.final_rewards_G):
-            raise ValueError(
-                f"{len(self.trajectories_G)} trajectories but {len(self.final_rewards_G)} final rewards"
-            )
+            raise ValueError(f"{len(self.trajectories_G)} trajectories but {len(self.final_rewards_G)} final rewards")
         return [
             sum(t.reward for t in traj.transitions) + final
             for traj, final in zip(self.trajectories_G, self.final_rewards_G, strict=True)

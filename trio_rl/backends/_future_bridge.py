@@ -137,9 +137,7 @@ def remote_deadline(what: str, timeout: float | None) -> Generator[None, None, N
         raise RemoteTimeoutError(what, timeout)
 
 
-async def await_future(
-    fut: SDKFuture[T], *, what: str, timeout: float | None, withdraw_on_cancel: bool = True
-) -> T:
+async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None, withdraw_on_cancel: bool = True) -> T:
     """Wait for an SDK future from Trio, with a deadline, without blocking the run.
 
     Args:

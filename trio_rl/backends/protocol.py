@@ -91,9 +91,7 @@ class TrainingClient(Protocol):
         """Submit a forward/backward pass that accumulates gradients."""
         ...
 
-    async def optim_step(
-        self, adam_params: tinker_types.AdamParams
-    ) -> PendingResult[tinker_types.OptimStepResponse]:
+    async def optim_step(self, adam_params: tinker_types.AdamParams) -> PendingResult[tinker_types.OptimStepResponse]:
         """Submit one Adam step on the accumulated gradients, then clear them."""
         ...
 
@@ -132,9 +130,7 @@ class Backend(Protocol):
         """Create a fresh training client for ``base_model``."""
         ...
 
-    async def create_training_client_from_state(
-        self, path: str, *, with_optimizer: bool = True
-    ) -> TrainingClient:
+    async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> TrainingClient:
         """Create a training client from a path returned by ``save_state``, to resume."""
         ...
 

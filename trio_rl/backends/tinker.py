@@ -103,13 +103,13 @@ class SDKServiceClient(Protocol):
     itself (0.24.1) or a future of it (0.38).
     """
 
-    def create_lora_training_client(
-        self, base_model: str, rank: int = ..., seed: int | None = ...
-    ) -> Any: ...
+    def create_lora_training_client(self, base_model: str, rank: int = ..., seed: int | None = ...) -> Any: ...
 
     def create_training_client_from_state(self, path: str) -> Any: ...
 
     def create_training_client_from_state_with_optimizer(self, path: str) -> Any: ...
+
+    def create_sampling_client(self, model_path: str | None = ..., base_model: str | None = ...) -> Any: ...
 
 
 class TinkerPendingResult(Generic[T]):
@@ -218,9 +218,7 @@ class TinkerSamplingClient:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.sample(prompt, num_samples, sampling_params)
-        response: tinker_types.SampleResponse = await await_future(
-            future, what="sample", timeout=self._timeouts.sample
-        )
+        response: tinker_types.SampleResponse = await await_future(future, what="sample", timeout=self._timeouts.sample)
         return response
 
     async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
@@ -313,9 +311,7 @@ class TinkerTrainingClient:
         # no path, and the protocol promises a ``model_path``.
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.save_weights_for_sampler(name)
-        saved = await await_future(
-            future, what="save_weights_for_sampler", timeout=self._timeouts.checkpoint
-        )
+        saved = await await_future(future, what="save_weights_for_sampler", timeout=self._timeouts.checkpoint)
         path: str = saved.path
         sdk_sampler = await _call_blocking(
             lambda: self._client.create_sampling_client(path),
@@ -469,9 +465,7 @@ class TinkerBackend:
         # raising here would hide the error the run is exiting with, if any.
         with trio.CancelScope(shield=True):
             try:
-                await _call_blocking(
-                    lambda: close(status), what="ServiceClient.close", timeout=self.timeouts.close
-                )
+                await _call_blocking(lambda: close(status), what="ServiceClient.close", timeout=self.timeouts.close)
             except Exception as error:
                 logger.warning("could not finish the Tinker session: %s", error)
 
@@ -539,9 +533,7 @@ class TinkerBackend:
         else:
             name = "create_training_client_from_state"
             create = service.create_training_client_from_state
-        sdk_client = await _call_blocking(
-            lambda: create(path), what=name, timeout=self.timeouts.create_training_client
-        )
+        sdk_client = await _call_blocking(lambda: create(path), what=name, timeout=self.timeouts.create_training_client)
         return TinkerTrainingClient(sdk_client, timeouts=self.timeouts)
 
 
@@ -559,8 +551,7 @@ def _check_credentials(api_key: str | None) -> None:
         # "eyJ" starts a JWT, which the SDK also accepts as a key.
         if not key.startswith(("tml-", "eyJ")):
             raise MissingApiKeyError(
-                "TinkerBackend: the Tinker API key must start with 'tml-'; check TINKER_API_KEY "
-                "or the api_key argument"
+                "TinkerBackend: the Tinker API key must start with 'tml-'; check TINKER_API_KEY or the api_key argument"
             )
         return
     if _has_stored_credentials():

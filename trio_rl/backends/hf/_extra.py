@@ -21,6 +21,4 @@ def require_hf_extra() -> None:
     """
     missing = [name for name in _MODULES if importlib.util.find_spec(name) is None]
     if missing:
-        raise MissingExtraError(
-            f"the Hugging Face backend needs {', '.join(missing)}: {INSTALL_HINT}"
-        )
+        raise MissingExtraError(f"the Hugging Face backend needs {', '.join(missing)}: {INSTALL_HINT}")

@@ -129,9 +129,7 @@ class HFBackend(InProcessBackend):
 
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
-    async def create_training_client_from_state(
-        self, path: str, *, with_optimizer: bool = True
-    ) -> HFTrainingClient:
+    async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> HFTrainingClient:
         """Rebuild a training client from a folder returned by ``save_state``, to resume.
 
         The base model, LoRA rank and alpha come from the checkpoint.

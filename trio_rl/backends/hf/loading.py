@@ -148,4 +148,4 @@ def load_model(source: ModelSource, device: torch.device, dtype: torch.dtype) ->
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     model = AutoModelForCausalLM.from_pretrained(str(source.folder), **kwargs)
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers' stub wraps to(); it takes a device

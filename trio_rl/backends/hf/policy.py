@@ -50,8 +50,12 @@ class Policy:
             from peft import LoraConfig, get_peft_model
 
             self.lora_config = LoraConfig(
-                r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0,
-                target_modules="all-linear", bias="none", task_type="CAUSAL_LM",
+                r=lora_rank,
+                lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft accepts a float
+                lora_dropout=0.0,
+                target_modules="all-linear",
+                bias="none",
+                task_type="CAUSAL_LM",
             )
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -89,7 +93,7 @@ class Policy:
     def activate(self, adapter: str = TRAIN_ADAPTER) -> None:
         """Make ``adapter`` the one forward passes use (worker thread, under the limiter)."""
         self._collect()
-        if self.is_lora and self.model.active_adapter != adapter:  # type: ignore[union-attr]
+        if self.is_lora and self.model.active_adapter != adapter:
             self.model.set_adapter(adapter)  # type: ignore[operator]
             self._fix_trainable()
 
@@ -121,7 +125,9 @@ class Policy:
             unexpected = list(getattr(result, "unexpected_keys", []))
             missing = [k for k in getattr(result, "missing_keys", []) if ".lora_" in k and f".{TRAIN_ADAPTER}." in k]
             if unexpected or missing:
-                raise ValueError(f"adapter weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                raise ValueError(
+                    f"adapter weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
         else:
             self.model.load_state_dict(state)
         self.model.zero_grad(set_to_none=True)
@@ -152,7 +158,7 @@ class Policy:
         with self._lock:
             retired, self._retired = self._retired, []
         for adapter in retired:
-            if self.model.active_adapter == adapter:  # type: ignore[union-attr]
+            if self.model.active_adapter == adapter:
                 self.model.set_adapter(TRAIN_ADAPTER)  # type: ignore[operator]
             self.model.delete_adapter(adapter)  # type: ignore[operator]
         if retired:

@@ -158,7 +158,8 @@ class HFSamplingEngine(BatchingEngine):
             use_cache=True,
             **{self._cache_kw: past},
         )
-        return out.logits[:, -1].to("cpu", torch.float64)
+        logits: Tensor = out.logits[:, -1].to("cpu", torch.float64)
+        return logits
 
     def _select_weights(self) -> None:
         self._snapshot.activate()
@@ -179,8 +180,8 @@ class HFSamplingEngine(BatchingEngine):
         tokens = torch.zeros(len(admit), width, dtype=torch.long)
         mask = torch.zeros(len(admit), width, dtype=torch.long)
         for i, request in enumerate(admit):
-            tokens[i, width - len(request.prompt):] = torch.tensor(request.prompt)
-            mask[i, width - len(request.prompt):] = 1
+            tokens[i, width - len(request.prompt) :] = torch.tensor(request.prompt)
+            mask[i, width - len(request.prompt) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         fresh = DynamicCache()
         last = self._run_model(tokens, mask, positions, fresh)
@@ -190,13 +191,18 @@ class HFSamplingEngine(BatchingEngine):
         mask, lengths = mask[index], lengths[index]
         for request in admit:
             self._new_rows(request)
+        layers: list[Any] = list(fresh.layers)  # full-attention layers: keys and values are tensors
         if self._past is None:
-            for layer in fresh.layers:
-                layer.keys, layer.values = layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.values.device)]
+            for layer in layers:
+                layer.keys, layer.values = (
+                    layer.keys[index.to(layer.keys.device)],
+                    layer.values[index.to(layer.values.device)],
+                )
             self._past, self._mask = fresh, mask
         else:
             slots = max(self._mask.shape[1], width)
-            for old, new in zip(self._past.layers, fresh.layers):
+            past_layers: list[Any] = list(self._past.layers)
+            for old, new in zip(past_layers, layers, strict=True):
                 sel = index.to(new.keys.device)
                 old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(new.keys[sel], slots, 2)])
                 old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(new.values[sel], slots, 2)])
@@ -226,7 +232,9 @@ class HFSamplingEngine(BatchingEngine):
         self._lengths = self._lengths.index_select(0, keep)
         self._last = self._last.index_select(0, keep)
 
-    def _pick(self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor) -> tuple[Tensor, Tensor]:
+    def _pick(
+        self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
+    ) -> tuple[Tensor, Tensor]:
         return pick_tokens_unsorted(logits, temperature, top_k, top_p, uniform)
 
     def _score(self, tokens: list[int]) -> list[float]:

@@ -135,7 +135,7 @@ class HFTrainingClient:
                 loss = torch.stack([x.sum() for x in per_datum]).sum()
                 loss.backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach())
-            for i, lp, x in zip(batch, rows, per_datum):
+            for i, lp, x in zip(batch, rows, per_datum, strict=True):
                 logprobs[i], losses[i] = lp.detach(), x.detach()
         return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total})
 

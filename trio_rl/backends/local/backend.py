@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-import torch
 import trio
 
 from trio_rl.backends.local.checkpoint import load_checkpoint
@@ -147,9 +146,7 @@ class LocalBackend(InProcessBackend):
             )
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
-    async def create_training_client_from_state(
-        self, path: str, *, with_optimizer: bool = True
-    ) -> LocalTrainingClient:
+    async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> LocalTrainingClient:
         """Create a training client from a folder returned by ``save_state``, to resume.
 
         The model's config and tokenizer come from the checkpoint.

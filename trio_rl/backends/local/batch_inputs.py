@@ -68,7 +68,9 @@ def parse_batch(
         for key, value in datum.loss_fn_inputs.items():
             array = as_array(value).reshape(-1)
             if array.shape[0] != len(seq):
-                raise ValueError(f"datum {i}: loss_fn_inputs[{key!r}] has {array.shape[0]} values for {len(seq)} tokens")
+                raise ValueError(
+                    f"datum {i}: loss_fn_inputs[{key!r}] has {array.shape[0]} values for {len(seq)} tokens"
+                )
             dtype = torch.long if key == "target_tokens" else torch.float32
             tensors[key] = torch.as_tensor(array.copy()).to(dtype)
         targets = tensors["target_tokens"]
@@ -87,18 +89,16 @@ def datum_losses(
     fn = LOSS_FUNCTIONS[loss_fn]
     return [
         fn(lp, {k: v.to(lp.device) for k, v in datum.tensors.items()}, config)
-        for lp, datum in zip(logprobs, inputs)
+        for lp, datum in zip(logprobs, inputs, strict=True)
     ]
 
 
-def datum_outputs(
-    logprobs: Sequence[Tensor], losses: Sequence[Tensor]
-) -> list[dict[str, tinker_types.TensorData]]:
+def datum_outputs(logprobs: Sequence[Tensor], losses: Sequence[Tensor]) -> list[dict[str, tinker_types.TensorData]]:
     """The ``loss_fn_outputs`` of each datum: ``logprobs`` and ``elementwise_loss`` as float32."""
     return [
         {
             "logprobs": _tinker_compat.tensor(lp.detach().float().cpu().numpy(), "float32"),
             "elementwise_loss": _tinker_compat.tensor(loss.detach().float().cpu().numpy(), "float32"),
         }
-        for lp, loss in zip(logprobs, losses)
+        for lp, loss in zip(logprobs, losses, strict=True)
     ]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import trio
+import trio.lowlevel
 from tinker import types as tinker_types
 from torch import Tensor
 
@@ -203,9 +204,7 @@ class BatchingEngine:
 
     # ----------------------------------------------------------------- requests
 
-    def _make_request(
-        self, prompt: list[int], num_samples: int, params: tinker_types.SamplingParams
-    ) -> Request:
+    def _make_request(self, prompt: list[int], num_samples: int, params: tinker_types.SamplingParams) -> Request:
         vocab = self._vocab_size
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
@@ -321,7 +320,7 @@ class BatchingEngine:
         try:
             # One extra tick lets every task that is submitting right now queue
             # its request, so a burst starts as one batch.
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             while True:
                 self._pending = [r for r in self._pending if not r.cancelled]
                 if not self._rows and not self._pending:
@@ -393,13 +392,13 @@ class BatchingEngine:
         tokens, logprobs = self._pick(logits, temperature, top_k, top_p, uniform)
         finished: list[tuple[Row, tinker_types.StopReason]] = []
         done: list[int] = []
-        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
+        for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(tok)
             row.logprobs.append(_to_f32(lp))
             request = row.request
             if (
                 tok in request.stop_ids
-                or any(tuple(row.tokens[-len(s):]) == s for s in request.stop_seqs)
+                or any(tuple(row.tokens[-len(s) :]) == s for s in request.stop_seqs)
                 or (request.stop_strings and self._stop_string_hit(row))
             ):
                 finished.append((row, "stop"))

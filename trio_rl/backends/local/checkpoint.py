@@ -78,6 +78,7 @@ def save_checkpoint(
         tokenizer: saved as ``tokenizer.json``.
         kind: ``"state"`` (resumable) or ``"sampler"`` (weights only).
     """
+
     def write(tmp: Path) -> None:
         save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, tmp / "weights.safetensors")
         meta: dict[str, Any] = {"format": FORMAT, "kind": kind}

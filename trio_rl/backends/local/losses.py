@@ -68,9 +68,7 @@ def cross_entropy(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mappin
     return -logprobs * inputs["weights"]
 
 
-def importance_sampling(
-    logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
-) -> Tensor:
+def importance_sampling(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> Tensor:
     """Per-token importance-weighted policy gradient loss ``-r * A``."""
     ratio = torch.exp(logprobs - inputs["logprobs"])
     return _weighted(-ratio * inputs["advantages"], inputs)
@@ -116,9 +114,7 @@ def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None) -> None:
             ``config`` names a key that ``loss_fn`` does not use.
     """
     if loss_fn not in LOSS_FUNCTIONS:
-        raise ValueError(
-            f"LocalBackend does not implement loss_fn={loss_fn!r}; it has {sorted(LOSS_FUNCTIONS)}"
-        )
+        raise ValueError(f"LocalBackend does not implement loss_fn={loss_fn!r}; it has {sorted(LOSS_FUNCTIONS)}")
     unknown = set(config or {}) - _CONFIG_KEYS[loss_fn]
     if unknown:
         raise ValueError(f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r}")

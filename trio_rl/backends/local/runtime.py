@@ -72,7 +72,9 @@ class BackendRuntime:
         except Exception as teardown:
             if not isinstance(body_error, Exception):
                 raise
-            raise ExceptionGroup("the backend's block failed, then closing it failed too", [body_error, teardown]) from None
+            raise ExceptionGroup(
+                "the backend's block failed, then closing it failed too", [body_error, teardown]
+            ) from None
         finally:
             if self._saved_threads is not None:
                 torch.set_num_threads(self._saved_threads)

@@ -132,8 +132,10 @@ class SamplingEngine(BatchingEngine):
         if self._cache:
             slots = max(self._cache[0][0].shape[2], width)
             self._cache = [
-                (torch.cat([_pad_slots(k0, slots), _pad_slots(k1, slots)]),
-                 torch.cat([_pad_slots(v0, slots), _pad_slots(v1, slots)]))
+                (
+                    torch.cat([_pad_slots(k0, slots), _pad_slots(k1, slots)]),
+                    torch.cat([_pad_slots(v0, slots), _pad_slots(v1, slots)]),
+                )
                 for (k0, v0), (k1, v1) in zip(self._cache, new_cache, strict=True)
             ]
         else:

@@ -73,9 +73,7 @@ def forward_backward_batch(
         per_datum = datum_losses(rows, inputs, loss_fn, loss_fn_config)
         total = torch.stack([loss.sum() for loss in per_datum]).sum()
         total.backward()  # type: ignore[no-untyped-call]
-    return _tinker_compat.forward_backward_output(
-        datum_outputs(rows, per_datum), {"loss:sum": float(total.detach())}
-    )
+    return _tinker_compat.forward_backward_output(datum_outputs(rows, per_datum), {"loss:sum": float(total.detach())})
 
 
 def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
