@@ -178,3 +178,15 @@ def test_the_embedding_host_prints_a_config_error_too(tmp_path: Path, capsys: py
     assert (
         err.startswith("error: stream_minibatch_config.groups_per_batch: 4 is not divisible") and "Traceback" not in err
     )
+
+
+@pytest.mark.parametrize("flags", [["--group-size", "0"], ["--group-size", "-3"], ["--groups-per-batch", "0"]])
+def test_a_group_size_below_one_is_refused_with_exit_2(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to train nothing and exit 0 ("last reward nan").
+    arithmetic = load("arithmetic")
+    code = arithmetic.main(["--log-path", str(tmp_path / "run"), *flags])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "must be at least 1" in err and "Traceback" not in err

@@ -229,7 +229,7 @@ class UserCodeRunner:
     def __init__(self, mode: BridgeMode, nursery: trio.Nursery | None) -> None:
         if mode != "never" and nursery is None:
             raise ValueError(f"asyncio_bridge={mode!r} needs a nursery to run its asyncio loop in")
-        self.mode = mode
+        self.bridge_mode = mode
         self._nursery = nursery
         self._loop: trio_asyncio.TrioEventLoop | None = None
         self._opening = trio.Lock()
@@ -239,9 +239,9 @@ class UserCodeRunner:
 
     def flavour(self, fn: Callable[..., Any]) -> Flavour:
         """Where this runner would run ``fn``."""
-        if self.mode == "never":
+        if self.bridge_mode == "never":
             return "trio"
-        if self.mode == "always":
+        if self.bridge_mode == "always":
             return "asyncio"
         return flavour_of(fn)
 
@@ -257,7 +257,7 @@ class UserCodeRunner:
                 run gets ``asyncio.CancelledError`` first.
             RuntimeError: for an asyncio call after the run's stages ended.
         """
-        if self.mode == "never" or self.flavour(fn) == "trio":
+        if self.bridge_mode == "never" or self.flavour(fn) == "trio":
             return fn(*args, **kwargs)
         return self._bridged(fn, *args, **kwargs)
 
@@ -267,7 +267,7 @@ class UserCodeRunner:
         The decision for a method that is called many times (``env.step``) is
         then made once per rollout, and the native path costs nothing per call.
         """
-        if self.mode == "never" or self.flavour(fn) == "trio":
+        if self.bridge_mode == "never" or self.flavour(fn) == "trio":
             return fn
         return functools.partial(self._bridged, fn)
 
@@ -281,7 +281,7 @@ class UserCodeRunner:
 
     async def call_evaluator(self, evaluator: Callable[[Any], Awaitable[T]], client: SamplingClient) -> T:
         """Run ``evaluator(client)``; a bridged evaluator gets a :class:`DualSamplingClient`."""
-        if self.mode == "never" or self.flavour(evaluator) == "trio":
+        if self.bridge_mode == "never" or self.flavour(evaluator) == "trio":
             return await evaluator(client)
         return await self._bridged(evaluator, DualSamplingClient.wrap(client))
 

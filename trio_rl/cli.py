@@ -234,18 +234,25 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
         ConfigError: for an unknown mode or invalid error-strategy flags (the rest
             is checked by :meth:`Config.validate`).
     """
+    for name in ("group_size", "groups_per_batch"):
+        if getattr(args, name) < 1:
+            raise ConfigError(name, f"must be at least 1, got {getattr(args, name)} (a step of no groups trains nothing)")
     names = {f.name for f in dataclasses.fields(Config)}
     values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in names}
     values["base_model"] = args.model or "trio-rl-tiny"
     values["rollout_error_tolerance"] = _error_strategy(args)
     if args.kl_penalty_coef > 0:
         values["kl_reference_config"] = KLReferenceConfig(args.kl_reference_model or values["base_model"])
-    if args.mode == "async":
-        values["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
-    elif args.mode == "stream":
-        values["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
-    elif args.mode != "sync":
-        raise ConfigError("mode", f"unknown mode {args.mode!r}; use sync, stream or async")
+    # The --mode flag picks which of Config's mode sections is set; Config builds the schedule.
+    match args.mode:
+        case "async":
+            values["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
+        case "stream":
+            values["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
+        case "sync":
+            pass
+        case other:
+            raise ConfigError("mode", f"unknown mode {other!r}; use sync, stream or async")
     values.update(overrides)
     return Config(**values)
 
@@ -349,14 +356,14 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
             raise ConfigError("backend", f"local needs torch: pip install 'trio_rl[local]' ({error})") from error
 
         tokenizer = CharTokenizer(alphabet)
-        model_config = ModelConfig(
+        sizes = ModelConfig(
             d_model=args.d_model,
             n_layers=args.n_layers,
             n_heads=args.n_heads,
             d_ff=4 * args.d_model,
             max_seq_len=args.max_seq_len,
         )
-        backend = LocalBackend(log_dir=args.log_path, model_config=model_config, tokenizer=tokenizer, seed=args.seed)
+        backend = LocalBackend(log_dir=args.log_path, model_config=sizes, tokenizer=tokenizer, seed=args.seed)
         return backend, LazyTokenizer(tokenizer)
     if args.backend == "tinker":
         if not args.model:
