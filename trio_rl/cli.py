@@ -236,7 +236,9 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     """
     for name in ("group_size", "groups_per_batch"):
         if getattr(args, name) < 1:
-            raise ConfigError(name, f"must be at least 1, got {getattr(args, name)} (a step of no groups trains nothing)")
+            raise ConfigError(
+                name, f"must be at least 1, got {getattr(args, name)} (a step of no groups trains nothing)"
+            )
     names = {f.name for f in dataclasses.fields(Config)}
     values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in names}
     values["base_model"] = args.model or "trio-rl-tiny"
