@@ -342,6 +342,7 @@ async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
         "trained_tokens": ledger.trained_tokens,
         "calls": dict(ledger.calls),
         "metrics_rows": len(rows),
+        "files": {p.name: p.stat().st_size for p in sorted(log_path.iterdir()) if p.is_file()},
     }
 
 

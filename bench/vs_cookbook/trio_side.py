@@ -70,6 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, counting_training_calls(counts):
         row = trio.run(pipeline.run_cell, cell, mode, Path(tmp))
         metrics_rows = sum(1 for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if line.strip())
+        files = {p.name: p.stat().st_size for p in sorted(Path(tmp).iterdir()) if p.is_file()}
     datums, tokens = counts.pop("datums", 0), counts.pop("tokens", 0)
     if datums % pipeline.GROUP_SIZE:
         raise RuntimeError(f"trained {datums} datums, not a multiple of {pipeline.GROUP_SIZE}")
@@ -89,6 +90,7 @@ def main() -> None:
                 "trained_tokens": tokens,
                 "calls": calls,
                 "metrics_rows": metrics_rows,
+                "files": files,
                 "versions": {"tinker": tinker.__version__, "trio": trio.__version__, "python": sys.version.split()[0]},
             }
         )
