@@ -125,31 +125,37 @@ def machine() -> str:
 
 
 def work_differences(results: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
-    """What the two sides' counters disagree on, per cell and mode (calls, Datums, tokens, samples)."""
+    """What the two sides' counters disagree on, per mode: calls, tokens per Datum, files written."""
     notes = []
-    by_cell_mode: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    by_mode: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
     for (cell, mode, side), runs in results.items():
-        by_cell_mode.setdefault((cell, mode), {})[side] = runs
-    for (cell, mode), sides in by_cell_mode.items():
-        cookbook = sides.get("cookbook", [])
-        for side, runs in sides.items():
+        by_mode.setdefault(mode, {}).setdefault(side, {})[cell] = runs
+    for mode, sides in by_mode.items():
+        cookbook = sides.get("cookbook", {})
+        for side, cells in sides.items():
             if side == "cookbook" or not cookbook:
                 continue
-            ours, theirs = runs[0]["calls"], cookbook[0]["calls"]
-            for kind in sorted(set(ours) | set(theirs)):
-                if ours.get(kind, 0) != theirs.get(kind, 0):
-                    notes.append(
-                        f"{cell}, {mode}: {kind} calls: {side} {ours.get(kind, 0)}, cookbook {theirs.get(kind, 0)}"
-                    )
-            for name, runs_ in ((side, runs), ("cookbook", cookbook)):
-                files = ", ".join(f"{f} ({size:,} B)" for f, size in runs_[0]["files"].items())
-                notes.append(f"{cell}, {mode}: files {name} wrote: {files}")
-            tokens = [r["trained_tokens"] / r["trained_datums"] for r in runs]
-            their_tokens = [r["trained_tokens"] / r["trained_datums"] for r in cookbook]
-            notes.append(
-                f"{cell}, {mode}: tokens per Datum: {side} {statistics.mean(tokens):.3f}, "
-                f"cookbook {statistics.mean(their_tokens):.3f} (same rule, different random draws)"
-            )
+            kinds = sorted({k for runs in [*cells.values(), *cookbook.values()] for k in runs[0]["calls"]})
+            for kind in kinds:
+                pairs = {
+                    cell[0]: (runs[0]["calls"].get(kind, 0), cookbook[cell][0]["calls"].get(kind, 0))
+                    for cell, runs in cells.items()
+                }
+                if any(ours != theirs for ours, theirs in pairs.values()):
+                    per_cell = ", ".join(f"{c} {ours}/{theirs}" for c, (ours, theirs) in pairs.items())
+                    notes.append(f"{mode}: {kind} calls ({side} / cookbook): {per_cell}")
+            for label, side_cells in ((side, cells), ("cookbook", cookbook)):
+                datums = sum(r["trained_datums"] for runs in side_cells.values() for r in runs)
+                tokens = sum(r["trained_tokens"] for runs in side_cells.values() for r in runs)
+                steps = sum(runs[0]["steps"] for runs in side_cells.values())
+                sizes: dict[str, int] = {}
+                for runs in side_cells.values():
+                    for name, size in runs[0]["files"].items():
+                        sizes[name] = sizes.get(name, 0) + size
+                files = ", ".join(f"{name} {size / steps:,.0f}" for name, size in sizes.items())
+                notes.append(
+                    f"{mode}: {label}: {tokens / datums:.3f} tokens per Datum; bytes written per step: {files}"
+                )
     return notes
 
 
@@ -221,7 +227,8 @@ def main() -> None:
             f"{summary([float(r['wasted']) for r in runs], 0)} |"
         )
     print()
-    print("Differences in work between the two sides (from their fake clients' counters):")
+    print("Differences in work between the two sides (their fakes' counters; tokens per Datum follow")
+    print("the same rule on both, from different random draws):")
     for note in work_differences(results):
         print(f"- {note}")
     if args.json is not None:
