@@ -44,7 +44,6 @@ import chz
 import numpy as np
 import tinker
 from tinker import types
-
 from tinker_cookbook import checkpoint_utils
 from tinker_cookbook.rl import train as cookbook_train
 from tinker_cookbook.rl.dataset_utils import EpochCycledRLDataset
@@ -222,7 +221,9 @@ class EvenTokensGroup(EnvGroupBuilder):
     async def make_envs(self) -> Sequence[Env]:
         return [EvenTokensEnv(self.key, i) for i in range(self.group_size)]
 
-    async def compute_group_rewards(self, trajectory_group: list[Any], env_group: Sequence[Env]) -> list[tuple[float, Any]]:
+    async def compute_group_rewards(
+        self, trajectory_group: list[Any], env_group: Sequence[Env]
+    ) -> list[tuple[float, Any]]:
         return [(0.0, {"group_size": len(trajectory_group)}) for _ in trajectory_group]
 
     def logging_tags(self) -> list[str]:
@@ -326,24 +327,28 @@ async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
     cpu = time.process_time() - cpu
     wall = time.perf_counter() - wall
 
-    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = sum(1 for r in rows if "optim/lr" in r)
     if ledger.trained_datums % args.group_size:
         raise RuntimeError(f"trained {ledger.trained_datums} datums, not a multiple of {args.group_size}")
-    trained_groups = ledger.trained_datums // args.group_size
     return {
         "side": "cookbook",
-        "steps": steps,
         "makespan": wall,
         "cpu_s": cpu,
-        "trained_groups": trained_groups,
+        "trained_groups": ledger.trained_datums // args.group_size,
         "samples": ledger.calls["sample"],
         "trained_datums": ledger.trained_datums,
         "trained_tokens": ledger.trained_tokens,
         "calls": dict(ledger.calls),
-        "metrics_rows": len(rows),
-        "files": {p.name: p.stat().st_size for p in sorted(log_path.iterdir()) if p.is_file()},
     }
+
+
+def run_and_describe(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
+    """Run, then add what the run folder holds: steps logged, metrics rows, file sizes."""
+    result = asyncio.run(run(args, log_path))
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    result["steps"] = sum(1 for r in rows if "optim/lr" in r)
+    result["metrics_rows"] = len(rows)
+    result["files"] = {p.name: p.stat().st_size for p in sorted(log_path.iterdir()) if p.is_file()}
+    return result
 
 
 def main() -> None:
@@ -360,10 +365,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.log_path is not None:
         args.log_path.mkdir(parents=True, exist_ok=False)
-        result = asyncio.run(run(args, args.log_path))
+        result = run_and_describe(args, args.log_path)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            result = asyncio.run(run(args, Path(tmp)))
+            result = run_and_describe(args, Path(tmp))
     result["versions"] = {"tinker": tinker.__version__, "python": sys.version.split()[0]}
     print(json.dumps(result))
 

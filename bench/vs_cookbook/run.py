@@ -76,7 +76,9 @@ def run_one(side: Side, cell: pipeline.Cell) -> dict[str, Any]:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
     except subprocess.TimeoutExpired as error:
-        raise SystemExit(f"run.py: {side.label} on cell {cell.name!r} ran past {RUN_TIMEOUT_S} s: {' '.join(command)}") from error
+        raise SystemExit(
+            f"run.py: {side.label} on cell {cell.name!r} ran past {RUN_TIMEOUT_S} s: {' '.join(command)}"
+        ) from error
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-25:])

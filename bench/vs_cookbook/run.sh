@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trio_rl against tinker-cookbook 0.6.1's RL loop, side by side (see run.py for what is measured).
 #
-#   bash bench/vs_cookbook/run.sh            # cells a-d, sync and async K=1, 3 repetitions (~8 min)
+#   bash bench/vs_cookbook/run.sh            # cells a-d, sync and async K=1, 3 repetitions (7-9 min here)
 #   bash bench/vs_cookbook/run.sh --quick    # 5x fewer steps, 2 repetitions (~2 min)
 #
 # Builds what is missing first: the repository's .venv (as the README's test command does)

@@ -21,10 +21,11 @@ from typing import Any
 import tinker
 import trio
 
+# bench/pipeline.py, next to this folder: the cells and run_cell.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pipeline  # noqa: E402  (bench/pipeline.py)
+import pipeline
 
-from trio_rl.testing import FakeTrainingClient  # noqa: E402
+from trio_rl.testing import FakeTrainingClient
 
 MODE_NAMES = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}
 
