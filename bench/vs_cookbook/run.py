@@ -1,7 +1,7 @@
 """trio_rl against tinker-cookbook 0.6.1's own RL loop, side by side on one fake work model.
 
 Run: ``bash bench/vs_cookbook/run.sh`` (it builds both virtual environments first; extra
-arguments come here, e.g. ``--quick``, ``--reps 5``, ``--pace``, ``--cells b,c``).
+arguments come here, e.g. ``--quick``, ``--reps 5``, ``--requeue``, ``--cells b,c``).
 
 Both sides train the cells of ``bench/pipeline.py`` (8 groups x 4 samples per step, one
 turn, S seconds per sample call, T per forward_backward) in sync and in async K=1 mode,
@@ -57,12 +57,13 @@ def sides_for(mode: str, args: argparse.Namespace) -> list[Side]:
             Side("trio_rl", trio_python, trio_script, "sync", 0),
             Side("cookbook", cookbook_python, cookbook_script, "sync", 0),
         ]
+    # "pace", trio_rl's default policy, is also the one that like the cookbook's loop never discards a group.
     sides = [
-        Side("trio_rl (requeue)", trio_python, trio_script, "requeue", 1),
+        Side("trio_rl (pace)", trio_python, trio_script, "pace", 1),
         Side("cookbook", cookbook_python, cookbook_script, "async", 1),
     ]
-    if args.pace:
-        sides.insert(1, Side("trio_rl (pace)", trio_python, trio_script, "pace", 1))
+    if args.requeue:
+        sides.insert(1, Side("trio_rl (requeue)", trio_python, trio_script, "requeue", 1))
     return sides
 
 
@@ -165,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every run (default 3; 2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="5x fewer steps per cell, 2 repetitions")
-    parser.add_argument("--pace", action="store_true", help="also run trio_rl's async 'pace' policy")
+    parser.add_argument("--requeue", action="store_true", help="also run trio_rl's async 'requeue' policy")
     parser.add_argument("--cells", default="a,b,c,d", help="which cells, by letter (default a,b,c,d)")
     parser.add_argument("--json", type=Path, help="also write every run's measurements to this file")
     parser.add_argument("--trio-python", default=str(REPO / ".venv/bin/python"))
