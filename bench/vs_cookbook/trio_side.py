@@ -1,0 +1,102 @@
+"""The trio_rl side: one cell of ``bench/pipeline.py`` in one mode, as a JSON line.
+
+Runs in the repository's ``.venv``. The run itself is ``bench/pipeline.py``'s
+``run_cell`` (``trio_rl.train`` on ``FakeBackend`` and ``FakeDataset``, metrics.jsonl
+written); this driver only adds counters on the fake training client, so the runner
+can compare the work both sides did (calls, Datums, tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tinker
+import trio
+
+# bench/pipeline.py, next to this folder: the cells and run_cell.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pipeline
+
+from trio_rl.testing import FakeTrainingClient
+
+MODE_NAMES = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}
+
+
+@contextlib.contextmanager
+def counting_training_calls(counts: Counter[str]) -> Iterator[None]:
+    """Count the fake training client's calls, and the Datums and tokens it trains on."""
+    originals = {
+        name: getattr(FakeTrainingClient, name)
+        for name in ("forward_backward", "optim_step", "save_weights_for_sampler", "save_state")
+    }
+
+    def wrap(name: str, original: Any) -> Any:
+        async def counted(self: FakeTrainingClient, *args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            if name == "forward_backward":
+                data = args[0] if args else kwargs["data"]
+                counts["datums"] += len(data)
+                counts["tokens"] += sum(d.model_input.length for d in data)
+            return await original(self, *args, **kwargs)
+
+        return counted
+
+    for name, original in originals.items():
+        setattr(FakeTrainingClient, name, wrap(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(FakeTrainingClient, name, original)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(MODE_NAMES), required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--sample-s", type=float, required=True)
+    parser.add_argument("--train-s", type=float, required=True)
+    args = parser.parse_args()
+    cell = pipeline.Cell("vs_cookbook", args.steps, args.sample_s, args.train_s)
+    mode = pipeline.MODES[MODE_NAMES[args.mode]]
+    counts: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory() as tmp, counting_training_calls(counts):
+        row = trio.run(pipeline.run_cell, cell, mode, Path(tmp))
+        metrics_rows = sum(1 for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if line.strip())
+        files = {p.name: p.stat().st_size for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    datums, tokens = counts.pop("datums", 0), counts.pop("tokens", 0)
+    if datums % pipeline.GROUP_SIZE:
+        raise RuntimeError(f"trained {datums} datums, not a multiple of {pipeline.GROUP_SIZE}")
+    trained_groups = datums // pipeline.GROUP_SIZE
+    samples = int(row["wasted"]) + trained_groups * pipeline.GROUP_SIZE
+    calls = {"sample": samples, **counts}
+    print(
+        json.dumps(
+            {
+                "side": "trio_rl",
+                "steps": int(row["steps"]),
+                "makespan": row["makespan"],
+                "cpu_s": row["cpu_us_per_group"] * max(1, trained_groups) / 1e6,
+                "trained_groups": trained_groups,
+                "samples": samples,
+                "trained_datums": datums,
+                "trained_tokens": tokens,
+                "calls": calls,
+                "metrics_rows": metrics_rows,
+                "files": files,
+                "versions": {"tinker": tinker.__version__, "trio": trio.__version__, "python": sys.version.split()[0]},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
