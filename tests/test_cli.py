@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import read_jsonl
+from trio_rl import Config
 from trio_rl.checkpoint import CheckpointLog
 from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, make_config, parse_args, run_cli
 
@@ -107,3 +108,22 @@ def test_ctrl_c_saves_the_last_step_and_exits_130(tmp_path: Path) -> None:
     # Every step recorded before the stop is covered by the checkpoint.
     assert checkpoint.step >= len([r for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r])
     assert (log_path / "reward_curve.png").exists()
+
+
+def test_the_last_line_reports_the_final_evaluation(tmp_path: Path) -> None:
+    from trio_rl.testing import FakeBackend, FakeDataset, FakeEvaluator
+
+    out = io.StringIO()
+    config = Config(log_path=tmp_path, eval_every=0)
+    code = run_cli(
+        config,
+        dataset=FakeDataset(3, 2),
+        backend=FakeBackend(),
+        evaluators=(FakeEvaluator(),),
+        curve_keys=("test/version",),
+        progress=False,
+        out=out,
+    )
+    assert code == 0
+    # The final evaluation is a record of its own; the summary still finds it.
+    assert "final test/version 3.000" in out.getvalue().splitlines()[-1]

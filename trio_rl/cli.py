@@ -84,8 +84,8 @@ class CommonArgs:
     """run folder: metrics.jsonl, config.json, checkpoints, reward_curve.png"""
     mode: Literal["sync", "stream", "async"] = "async"
     """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
-    staleness: Literal["requeue", "pace"] = "requeue"
-    """async only: requeue groups more than K steps stale, or pace sampling so none gets there"""
+    staleness: Literal["requeue", "pace"] = "pace"
+    """async only: pace sampling so no group gets more than K steps stale (tinker-cookbook 0.6.1), or requeue staler ones (0.5.5)"""
     max_steps_off_policy: int = 1
     """async only: K, how many steps stale a trained group may be"""
     num_minibatches: int = 2
@@ -505,11 +505,14 @@ def _clock(seconds: float) -> str:
 
 def _summary(result: TrainResult, elapsed: str, curve_keys: Sequence[str]) -> list[str]:
     summary = [f"done: {result.final_step} steps in {elapsed}"]
-    steps = result.step_metrics
+    records = result.metrics
+    steps = [r for r in records if "progress/groups" in r]
     if steps and isinstance(steps[-1].get(REWARD_KEY), float):
         summary.append(f"last reward {steps[-1][REWARD_KEY]:.3f}")
+    # The final weights' record merges the end-of-run accounting and their evaluation.
+    final = records[-1] if records else {}
     for key in curve_keys:
-        value = result.summary.get(key)
+        value = final.get(key)
         if isinstance(value, (int, float)):
             summary.append(f"final {key} {value:.3f}")
     return summary
