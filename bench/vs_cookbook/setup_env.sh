@@ -29,14 +29,8 @@ REQUIREMENTS=(
     "termcolor==3.3.0" "tiktoken==0.14.0" "tqdm==4.70.1" "transformers==5.24.0"
 )
 
-log() { echo "setup_env: $*" >&2; }
-
-# The local index prints one harmless "WARNING: Location" line per package; drop them.
-pip_quiet() {
-    local rc=0
-    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "WARNING: Location" || true; } || rc=$?
-    return "$rc"
-}
+# log and quiet_pip
+. "$REPO/tests/venv_tools.sh"
 
 # Exit 0 when every pinned package is installed at its pinned version.
 venv_matches() {
@@ -68,11 +62,11 @@ else
     # torch alone first (the CPU build on local disk), then kept pinned so no later
     # resolution reaches for another build.
     log "installing $TORCH"
-    pip_quiet install --quiet "$TORCH"
+    quiet_pip install --quiet "$TORCH"
     log "installing $COOKBOOK (--no-deps)"
-    pip_quiet install --quiet --no-deps "$COOKBOOK"
+    quiet_pip install --quiet --no-deps "$COOKBOOK"
     log "installing the cookbook loop's runtime requirements"
-    pip_quiet install --quiet "$TORCH" "${REQUIREMENTS[@]}"
+    quiet_pip install --quiet "$TORCH" "${REQUIREMENTS[@]}"
     if ! venv_matches; then
         log "the venv at $VENV does not hold the pinned versions after installing"
         exit 1

@@ -24,15 +24,8 @@ TINKER_VERSION="0.38.0"
 TORCH_VERSION="2.13.0"
 TRIO_ASYNCIO_VERSION="0.16.0"
 
-log() { echo "setup_env: $*" >&2; }
-
-# This machine's local index makes pip print one harmless "WARNING: Location"
-# line per package; drop them so real errors stay visible.
-quiet_pip() {
-    local status=0
-    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "WARNING: Location" || true; } || status=$?
-    return "$status"
-}
+# log and quiet_pip
+. "$REPO/tests/venv_tools.sh"
 
 venv_ready() {
     [[ -x "$VENV/bin/python" ]] || return 1

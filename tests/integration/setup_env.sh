@@ -25,16 +25,8 @@ SKYRL_VERSION="0.3.0"
 TINKER_VERSION="0.24.1"
 TORCH_VERSION="2.13.0"
 
-log() { echo "setup_env: $*" >&2; }
-
-# pip prints one "WARNING: Location 'file:///...' is ignored" line per package
-# because of this machine's local index; they are harmless and drown real errors.
-quiet_pip() {
-    # With pipefail the pipeline's status is pip's: the filter itself never fails.
-    local status=0
-    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "WARNING: Location" || true; } || status=$?
-    return "$status"
-}
+# log and quiet_pip
+. "$REPO/tests/venv_tools.sh"
 
 # Exit 0 when the venv has everything at the expected versions, and trio_rl is
 # imported from THIS checkout (CI clones the repo into a fresh folder, so an

@@ -1,0 +1,14 @@
+# Shell helpers shared by the scripts that build a venv of their own
+# (tests/integration/setup_env.sh, tests/cookbook/setup_env.sh,
+# bench/vs_cookbook/setup_env.sh). Source it after setting VENV.
+
+log() { echo "setup_env: $*" >&2; }
+
+# pip prints one "WARNING: Location 'file:///...' is ignored" line per package
+# because of this machine's local index; they are harmless and drown real errors.
+quiet_pip() {
+    # With pipefail the pipeline's status is pip's: the filter itself never fails.
+    local status=0
+    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "WARNING: Location" || true; } || status=$?
+    return "$status"
+}
