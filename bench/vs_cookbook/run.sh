@@ -19,8 +19,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 if ! .venv/bin/python -c "import trio_rl, tinker, trio" 2>/dev/null; then
     echo "run.sh: building .venv for the trio_rl side" >&2
     python3 -m venv .venv
-    .venv/bin/pip install -q torch==2.13.0 2>&1 | { grep -v "WARNING: Location" || true; }
-    .venv/bin/pip install -q -e '.[test]' 2>&1 | { grep -v "WARNING: Location" || true; }
+    .venv/bin/pip install -q torch==2.13.0 -e '.[test]' 2>&1 | { grep -v "WARNING: Location" || true; }
     .venv/bin/python -c "import trio_rl, tinker, trio" || { echo "run.sh: .venv does not import trio_rl" >&2; exit 1; }
 fi
 bash "$HERE/setup_env.sh"
