@@ -17,7 +17,7 @@ EXPECTED = {
     # running tinker-cookbook's asyncio code (trio_rl.asyncio_bridge)
     "BridgeMode", "DualSamplingClient", "runs_on",
     # rollouts and error strategies
-    "ErrorStrategy", "FailFast", "MinViableGroup", "RetryOnFailure", "SamplingPolicy", "do_group_rollout",
+    "ErrorStrategy", "FailFast", "MinViableGroup", "RetryOnFailure", "SamplingPolicy", "ParamsPerCall", "do_group_rollout",
     "do_single_rollout",
     # data processing and metrics
     "assemble_training_data", "compute_advantages", "remove_constant_reward_groups", "trajectory_to_data",

@@ -9,7 +9,7 @@ import trio
 from tinker import types as tinker_types
 
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
-from trio_rl.rollouts import SamplingPolicy, TokenPolicy
+from trio_rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
 
 
@@ -176,3 +176,13 @@ async def test_a_failing_cleanup_after_a_good_rollout_is_raised() -> None:
     builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
     with trio.fail_after(10), pytest.raises(CleanupBroke):
         await do_group_rollout(builder, policies(FakeBackend()))
+
+
+def test_params_per_call_equal_a_model_copy_with_stop_and_seed() -> None:
+    params = tinker_types.SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9)
+    made = ParamsPerCall(params)([3, 4], 11)
+    expected = params.model_copy(update={"stop": [3, 4], "seed": 11})
+    assert made == expected
+    assert made.model_fields_set == expected.model_fields_set
+    assert made.model_dump(exclude_unset=True) == expected.model_dump(exclude_unset=True)
+    assert params.seed is None and params.stop is None  # the shared params are untouched

@@ -41,9 +41,10 @@ async def settle() -> None:
     Under a :class:`trio.testing.MockClock` this sleeps :data:`SETTLE_S`, which
     with autojump waits until every task is blocked: the guarantee that makes a
     run reproducible. Under any other clock, real time, where no order is
-    reproducible anyway, it is one checkpoint: the caller runs again after the
-    tasks that are ready now, which is all the short sleep achieved there too,
-    without a deadline that ends in a cancellation (a cost paid once per group).
+    reproducible anyway, it is one checkpoint: the caller runs again at the next
+    scheduler pass, which is all the short sleep achieved there too (Trio runs a
+    pass's tasks in either order), without a deadline that ends in a
+    cancellation, a cost the pipeline paid once per group.
     """
     if isinstance(trio.lowlevel.current_clock(), MockClock):
         await trio.sleep(SETTLE_S)

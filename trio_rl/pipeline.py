@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import trio
-from tinker import types as tinker_types
 
 from .backends.protocol import SamplingClient, TrainingClient
 from .checkpoint import CheckpointKeeper, CheckpointLog, CheckpointRecord
@@ -43,7 +42,7 @@ from .gate import ConsumptionGate
 from .kl import reference_logprob_diffs
 from .ledger import DataLedger
 from .metrics import MetricsLog
-from .rollouts import ErrorStrategy, SamplingPolicy, TokenPolicy, group_envs, rollout_group
+from .rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
 from .step_metrics import (
     RunCounts,
@@ -67,7 +66,7 @@ class RolloutSettings:
     """What a rollout worker needs to sample a group and turn it into training data."""
 
     seed: int
-    sampling_params: tinker_types.SamplingParams
+    sampling_params: ParamsPerCall
     error_strategy: ErrorStrategy
     loss_fn: str
     staleness_limit: int
@@ -466,13 +465,26 @@ async def _roll_out(
             return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
 
         group: TrajectoryGroup | None = None
-        with trio.CancelScope() as stale:
-            if settings.abandon_stale:
-                weights.cancel_at(version + settings.staleness_limit + 1, stale)
+        with _given_up_when_stale(settings, weights, version):
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     return version, group
+
+
+def _given_up_when_stale(
+    settings: RolloutSettings, weights: LatestWeights, version: int
+) -> AbstractContextManager[object]:
+    """A scope that the weights cancel once a rollout from ``version`` is too stale to train on.
+
+    Without ``abandon_stale`` nothing is ever given up, and no scope is entered
+    (thousands of waiting rollouts would each hold one).
+    """
+    if not settings.abandon_stale:
+        return nullcontext()
+    stale = trio.CancelScope()
+    weights.cancel_at(version + settings.staleness_limit + 1, stale)
+    return stale
 
 
 def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:

@@ -9,7 +9,7 @@ from .backends.protocol import SamplingClient
 from .determinism import derive_seed
 from .errors import GroupFailedError
 from .metrics import trajectory_metrics
-from .rollouts import ErrorStrategy, FailFast, SamplingPolicy, TokenPolicy, do_group_rollout
+from .rollouts import ErrorStrategy, FailFast, ParamsPerCall, SamplingPolicy, TokenPolicy, do_group_rollout
 from .types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 
 
@@ -41,7 +41,7 @@ class RLTestSetEvaluator:
     ) -> None:
         self.builders: list[EnvGroupBuilder] = [b for i in range(len(dataset)) for b in dataset.get_batch(i)]
         self.name = name
-        self._params = tinker_types.SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        self._params = ParamsPerCall(tinker_types.SamplingParams(max_tokens=max_tokens, temperature=temperature))
         self._strategy = strategy or FailFast()
         self._seed = seed
 

@@ -21,6 +21,7 @@ from .evaluation import SamplingClientEvaluator
 from .jsonl import read_records
 from .metrics import MetricsLog, merge_by_step
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .rollouts import ParamsPerCall
 from .schedule import Schedule
 from .step_metrics import TokenCounts
 from .training_step import StepRunner
@@ -200,7 +201,7 @@ async def train(
                 rollout=RolloutSettings(
                     seed=config.seed,
                     # Built once: validating a SamplingParams per rollout showed up in profiles.
-                    sampling_params=config.sampling_params(),
+                    sampling_params=ParamsPerCall(config.sampling_params()),
                     error_strategy=config.rollout_strategy(),
                     loss_fn=config.loss_fn,
                     staleness_limit=schedule.staleness_limit,
