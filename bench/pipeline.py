@@ -1,6 +1,7 @@
 """Pipeline overhead on FakeBackend in real time: makespan against the ideal schedule.
 
-Run: ``.venv/bin/python bench/pipeline.py`` (add ``--quick`` for a 5x shorter run).
+Run: ``.venv/bin/python bench/pipeline.py`` (add ``--quick`` for a 5x shorter run, and
+``--tuned-gc`` to apply :func:`trio_rl.tune_gc_for_training` first, as the command line does).
 
 Every cell trains 8 groups x 4 samples per step, single-turn, with ``trio.sleep``
 latencies: S per sample call, T per forward_backward (optim_step and saving
@@ -31,7 +32,7 @@ from typing import Any
 
 import trio
 
-from trio_rl import AsyncConfig, Config, train
+from trio_rl import AsyncConfig, Config, train, tune_gc_for_training
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 GROUPS_PER_STEP = 8
@@ -112,8 +113,12 @@ async def run_cell(cell: Cell, mode: dict[str, Any], log_path: Path) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5x fewer steps per cell")
+    parser.add_argument("--tuned-gc", action="store_true", help="apply tune_gc_for_training() first")
     args = parser.parse_args()
+    if args.tuned_gc:
+        tune_gc_for_training()
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, trio {trio.__version__}")
+    print(f"garbage collector: {'tune_gc_for_training()' if args.tuned_gc else 'CPython defaults'}")
     print(f"{'cell':<18} {'mode':<18} {'steps':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'CPU us/group':>12} {'wasted':>6}")
     for cell in CELLS:
         if args.quick:

@@ -1,6 +1,7 @@
 """Per-group cost as the batch grows, and memory per group in flight.
 
-Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches).
+Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches;
+``--tuned-gc`` to apply :func:`trio_rl.tune_gc_for_training` first, as the command line does).
 
 1. CPU per group at zero latency for 50, 500 and 5,000 groups per batch (K=1,
    two steps' worth of groups past the first batch), under "requeue" and "pace".
@@ -13,6 +14,7 @@ Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import tempfile
 import time
@@ -22,7 +24,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from trio_rl import AsyncConfig, Config, train
+from trio_rl import AsyncConfig, Config, train, tune_gc_for_training
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 
@@ -46,9 +48,10 @@ def cpu_per_group(groups_per_batch: int, staleness: str, steps: int) -> float:
         return 1e6 * (time.process_time() - started) / dataset.total_groups
 
 
-def memory_per_group_in_flight(groups: int) -> float:
-    """Bytes held per group while ``groups`` groups all wait on the sampler."""
-    held: list[int] = []
+def memory_per_group_in_flight(groups: int) -> tuple[float, float]:
+    """Bytes held per group while ``groups`` groups all wait on the sampler: in all, and
+    the part allocated by the fakes (``trio_rl.testing``: the sampler's waits, the envs)."""
+    held: list[tuple[int, int]] = []
 
     async def main(tmp: Path) -> None:
         backend = FakeBackend(sample_latency=1000.0, record_calls=False)
@@ -56,25 +59,37 @@ def memory_per_group_in_flight(groups: int) -> float:
         config = Config(log_path=tmp, eval_every=0, save_every=0, max_tokens=8,
                         async_config=AsyncConfig(1, groups, "pace"))  # fmt: skip
         async with backend, trio.open_nursery() as nursery:
-            baseline = tracemalloc.get_traced_memory()[0]
+            before = tracemalloc.take_snapshot()
             nursery.start_soon(lambda: train(config, dataset=dataset, backend=backend))
             await trio.sleep(500.0)  # every group of the first two batches is waiting on its samples
-            held.append(tracemalloc.get_traced_memory()[0] - baseline)
+            grown = tracemalloc.take_snapshot().compare_to(before, "traceback")
+            held.append((sum(s.size_diff for s in grown), sum(s.size_diff for s in grown if _by_fakes(s.traceback))))
             nursery.cancel_scope.cancel()
 
     with tempfile.TemporaryDirectory() as tmp:
-        tracemalloc.start()
+        tracemalloc.start(32)
         trio.run(main, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
         tracemalloc.stop()
-    return held[0] / (2 * groups)
+    total, fakes = held[0]
+    return total / (2 * groups), fakes / (2 * groups)
+
+
+def _by_fakes(traceback: tracemalloc.Traceback) -> bool:
+    """Whether the innermost trio_rl frame that allocated it is in the fakes' module."""
+    ours = [frame.filename for frame in traceback if f"{os.sep}trio_rl{os.sep}" in frame.filename]
+    return bool(ours) and ours[-1].endswith("testing.py")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tuned-gc", action="store_true", help="apply tune_gc_for_training() first")
     args = parser.parse_args()
+    if args.tuned_gc:
+        tune_gc_for_training()
     sizes = [50, 500, 2000] if args.quick else [50, 500, 5000]
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, trio {trio.__version__}")
+    print(f"garbage collector: {'tune_gc_for_training()' if args.tuned_gc else 'CPython defaults'}")
     print(f"{'groups/batch':>12} {'requeue us/group':>17} {'pace us/group':>14}")
     for size in sizes:
         steps = 3
@@ -82,8 +97,11 @@ def main() -> None:
         pace = cpu_per_group(size, "pace", steps)
         print(f"{size:>12} {requeue:>17.0f} {pace:>14.0f}")
     in_flight = 500 if args.quick else 2500
-    per_group = memory_per_group_in_flight(in_flight)
-    print(f"memory per group in flight ({2 * in_flight} groups of 4 envs waiting): {per_group / 1024:.1f} KB")
+    per_group, by_fakes = memory_per_group_in_flight(in_flight)
+    print(
+        f"memory per group in flight ({2 * in_flight} groups of 4 envs waiting): {per_group / 1024:.1f} KB, "
+        f"of which the fakes' (sampler waits, envs): {by_fakes / 1024:.1f} KB"
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ EXPECTED = {
     "Backend", "PendingResult", "SamplingClient", "TrainingClient", "Tokenizer", "SamplingClientEvaluator",
     "RLTestSetEvaluator",
     # running and its results
-    "RunHandle", "TrainResult", "run", "train", "CheckpointLog", "CheckpointRecord",
+    "RunHandle", "TrainResult", "run", "train", "tune_gc_for_training", "CheckpointLog", "CheckpointRecord",
 }
 
 

@@ -15,6 +15,7 @@ from .data import assemble_training_data, compute_advantages, remove_constant_re
 from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .evaluation import SamplingClientEvaluator
+from .gc_policy import tune_gc_for_training
 from .kl import KLReferenceConfig
 from .metrics import trajectory_metrics
 from .rl_test_set import RLTestSetEvaluator
@@ -118,4 +119,5 @@ __all__ = [
     "train",
     "trajectory_metrics",
     "trajectory_to_data",
+    "tune_gc_for_training",
 ]

@@ -23,7 +23,6 @@ whether it is found while parsing, before the run, or inside it.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import signal
 import sys
@@ -44,6 +43,7 @@ from .checkpoint import CheckpointLog
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError
 from .evaluation import SamplingClientEvaluator
+from .gc_policy import tune_gc_for_training
 from .kl import KLReferenceConfig
 from .plotting import write_curves
 from .progress import REWARD_KEY, RunProgress
@@ -555,10 +555,8 @@ def run_cli(
     config_errors: list[ConfigError] = []
     failures: BaseExceptionGroup[Exception] | None = None
     _hand_signals_to_trio()
-    # Everything alive now (torch, transformers, the model) lives as long as the
-    # process: keeping it out of the cyclic collector's scans cut the pipeline's
-    # CPU per group by 10-17% in bench/pipeline.py's zero-latency cell.
-    gc.freeze()
+    # The command line owns its process, so it may set the collector's policy.
+    tune_gc_for_training()
     try:
         trio.run(_run, config, dataset, backend, evaluators, _Watchers(bar, sinks), outcome, stream)
     except* KeyboardInterrupt:
