@@ -1,6 +1,6 @@
 """Where the pipeline's CPU goes: a profile of bench/pipeline.py's zero-latency cell, by category.
 
-Run: ``.venv/bin/python bench/profile_pipeline.py [--mode sync|requeue|pace] [--steps N]``
+Run: ``.venv/bin/python bench/profile_pipeline.py [--mode sync|requeue|pace] [--steps N] [--cell a|b|c|d]``
 
 Time is attributed to the file of each function's own code (cProfile's ``tottime``),
 then grouped: Trio's machinery, pydantic and tinker object construction, numpy,
@@ -51,12 +51,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["sync", "requeue", "pace"], default="requeue")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--cell", choices=["a", "b", "c", "d"], default="a", help="bench/pipeline.py's cell (a: zero latency)")
     args = parser.parse_args()
     mode = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}[args.mode]
-    cell = bench.Cell("a: zero latency", args.steps, 0.0, 0.0)
+    latencies = next(c for c in bench.CELLS if c.name.startswith(args.cell))
+    cell = bench.Cell(latencies.name, args.steps, latencies.sample_s, latencies.train_s)
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(bench.run_cell, cell, bench.MODES[mode], Path(tmp) / "warm")  # imports and caches
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.process_time)  # CPU, not the cells' sleeps
         started = time.process_time()
         profile.enable()
         row = trio.run(bench.run_cell, cell, bench.MODES[mode], Path(tmp) / "run")
@@ -69,7 +71,7 @@ def main() -> None:
         shares[category(filename)] += tottime
         total += tottime
     groups = row["steps"] * bench.GROUPS_PER_STEP
-    print(f"mode {args.mode}, {row['steps']:.0f} steps, {groups:.0f} groups; CPU under the profiler {1e6 * cpu / groups:.0f} us/group")
+    print(f"cell {cell.name}, mode {args.mode}, {row['steps']:.0f} steps, {groups:.0f} groups; CPU under the profiler {1e6 * cpu / groups:.0f} us/group")
     for name, seconds in sorted(shares.items(), key=lambda kv: -kv[1]):
         print(f"{100 * seconds / total:5.1f}%  {name}")
     print()
