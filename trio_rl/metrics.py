@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from . import _tinker_compat as compat
 from .sinks import JsonlSink
 from .types import Metrics, TrajectoryGroup
 
@@ -29,7 +30,7 @@ def _metrics_for(prefix: str, groups: Sequence[TrajectoryGroup]) -> Metrics:
     totals = [r for g in groups for r in g.get_total_rewards()]
     turns = [len(t.transitions) for t in trajectories]
     ac_tokens = [len(tr.ac.tokens) for t in trajectories for tr in t.transitions]
-    ob_tokens = [tr.ob.length for t in trajectories for tr in t.transitions]
+    ob_tokens = [compat.token_count(tr.ob) for t in trajectories for tr in t.transitions]
     out: Metrics = {
         f"{prefix}/reward/total": _mean(totals),
         f"{prefix}/total_episodes": len(trajectories),

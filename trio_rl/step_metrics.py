@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tinker import types as tinker_types
 
+from . import _tinker_compat as compat
 from .data import MASK_KEY
 from .metrics import trajectory_metrics
 from .rollouts import is_initial_overflow
@@ -124,9 +125,9 @@ def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
         for trajectory in g.group.trajectories_G:
             for transition in trajectory.transitions:
                 sampled += len(transition.ac.tokens)
-                prefill += transition.ob.length
+                prefill += compat.token_count(transition.ob)
         if g.reference_diffs is not None:
-            prefill += sum(d.model_input.length + 1 for d in g.data)
+            prefill += sum(compat.token_count(d.model_input) + 1 for d in g.data)
     return TokenCounts(sampled=sampled, prefill_uncached=prefill)
 
 
@@ -137,7 +138,7 @@ def step_tokens(
 ) -> tuple[TokenCounts, TokenCounts]:
     """A step's tokens (its trained groups' rollouts and its submitted data) and the discarded ones
     (rollouts of groups removed by the constant-reward filter), as the cookbook's ``CostTracker`` splits them."""
-    trained_tokens = sum(d.model_input.length for data in submitted for d in data)
+    trained_tokens = sum(compat.token_count(d.model_input) for data in submitted for d in data)
     step = rollout_tokens(trained) + TokenCounts(trained=trained_tokens)
     return step, rollout_tokens(filtered)
 

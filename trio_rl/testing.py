@@ -107,7 +107,7 @@ class FakeSamplingClient:
         self, prompt: tinker_types.ModelInput, num_samples: int, sampling_params: tinker_types.SamplingParams
     ) -> tinker_types.SampleResponse:
         backend = self._backend
-        backend._record("sample", self.version, seed=sampling_params.seed, prompt_len=prompt.length)
+        backend._record("sample", self.version, seed=sampling_params.seed, prompt_len=compat.token_count(prompt))
         await trio.sleep(_latency(backend.sample_latency, (prompt, num_samples, sampling_params)))
         if backend.fail_sample is not None:
             raise backend.fail_sample
@@ -155,12 +155,12 @@ class FakeTrainingClient:
         loss_fn_config: dict[str, float] | None = None,
     ) -> _FakePending:
         backend = self._backend
-        tokens = sum(d.model_input.length for d in data)
+        tokens = sum(compat.token_count(d.model_input) for d in data)
         # A fake env's prompt starts with its group's identity (see FakeEnv).
         groups = sorted({_fake_group_key(d) for d in data})
         backend._record("forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups)
         await trio.lowlevel.checkpoint()
-        outputs = [{"logprobs": compat.tensor([-0.5] * d.model_input.length, "float32")} for d in data]
+        outputs = [{"logprobs": compat.tensor([-0.5] * compat.token_count(d.model_input), "float32")} for d in data]
         value = compat.forward_backward_output(outputs, {"loss:sum": float(tokens) * 0.5})
         ready = self._schedule(_latency(backend.train_latency, data))
         return _FakePending(ready, value, backend.fail_train)
