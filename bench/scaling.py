@@ -3,9 +3,10 @@
 Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches;
 ``--tuned-gc`` to apply :func:`trio_rl.tune_gc_for_training` first, as the command line does).
 
-1. CPU per group at zero latency for 50, 500 and 5,000 groups per batch (K=1,
-   two steps' worth of groups past the first batch), under "requeue" and "pace".
-   A policy whose bookkeeping rescans what it holds would grow with the batch.
+1. CPU per group at zero latency for 50, 500 and 5,000 groups per batch (K=1),
+   under "requeue" and "pace", over the same 20,000 groups at every size (at
+   least three steps): a policy whose bookkeeping rescans what it holds would
+   grow with the batch, and equal work keeps short runs from looking cheaper.
 2. Memory per group in flight: 5,000 groups of 4 single-turn envs, all waiting
    on a slow sampler at once (virtual time), measured with tracemalloc as the
    memory the run holds beyond an idle run's, divided by the groups in flight.
@@ -26,6 +27,9 @@ import trio.testing
 
 from trio_rl import AsyncConfig, Config, train, tune_gc_for_training
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
+
+TOTAL_GROUPS = 20_000
+"""Groups trained per measurement, whatever the batch size."""
 
 
 async def run(config: Config, dataset: FakeDataset, backend: FakeBackend) -> None:
@@ -92,7 +96,7 @@ def main() -> None:
     print(f"garbage collector: {'tune_gc_for_training()' if args.tuned_gc else 'CPython defaults'}")
     print(f"{'groups/batch':>12} {'requeue us/group':>17} {'pace us/group':>14}")
     for size in sizes:
-        steps = 3
+        steps = max(3, TOTAL_GROUPS // size - 1)
         requeue = cpu_per_group(size, "requeue", steps)
         pace = cpu_per_group(size, "pace", steps)
         print(f"{size:>12} {requeue:>17.0f} {pace:>14.0f}")
