@@ -186,3 +186,16 @@ def test_params_per_call_equal_a_model_copy_with_stop_and_seed() -> None:
     assert made.model_fields_set == expected.model_fields_set
     assert made.model_dump(exclude_unset=True) == expected.model_dump(exclude_unset=True)
     assert params.seed is None and params.stop is None  # the shared params are untouched
+
+
+def test_only_an_overridden_cleanup_counts_as_work() -> None:
+    from trio_rl.rollouts import _cleanup_is_a_no_op
+    from trio_rl.types import EnvGroupBuilder
+
+    class DuckTyped:  # a builder without cleanup: nothing to release
+        async def make_envs(self) -> list[FakeEnv]:
+            return []
+
+    assert _cleanup_is_a_no_op(EnvGroupBuilder)
+    assert _cleanup_is_a_no_op(DuckTyped)
+    assert not _cleanup_is_a_no_op(FakeEnvGroupBuilder)

@@ -468,10 +468,25 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
             raise cleanup_failure
 
 
+_NO_OP_CLEANUPS = {
+    ("trio_rl.types", "EnvGroupBuilder.cleanup"),
+    ("tinker_cookbook.rl.types", "EnvGroupBuilder.cleanup"),
+}
+"""The base classes' ``cleanup``, ours and tinker-cookbook's, both documented to do nothing."""
+
+
+def _cleanup_is_a_no_op(builder_type: type) -> bool:
+    """Whether ``builder_type`` has no ``cleanup`` (a duck-typed builder) or inherits a no-op one."""
+    cleanup = getattr(builder_type, "cleanup", None)
+    if cleanup is None:
+        return True
+    return (getattr(cleanup, "__module__", None), getattr(cleanup, "__qualname__", None)) in _NO_OP_CLEANUPS
+
+
 async def _cleanup(builder: EnvGroupBuilder) -> Exception | None:
     """Run ``builder.cleanup()`` shielded and bounded; return its exception instead of raising it."""
-    if type(builder).cleanup is EnvGroupBuilder.cleanup:
-        return None  # the default does nothing: no shielded, deadlined scope for it
+    if _cleanup_is_a_no_op(type(builder)):
+        return None  # no shielded, deadlined scope for a cleanup that does nothing
     with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
         try:
             await call_user(builder.cleanup)

@@ -95,3 +95,20 @@ def test_a_cookbook_builder_retries_through_make_envs(tmp_path: Path) -> None:
     dataset = ArithmeticDataset(batch_size=2, renderer=RENDERER, group_size=2, n_batches=2)
     result = run_training(tmp_path, "sync", dataset, 2, rollout_error_tolerance=RetryOnFailure(max_retries=1))
     assert result.trained_groups == 4
+
+
+def test_the_cookbooks_default_cleanup_is_known_to_do_nothing() -> None:
+    # Every group used to enter a shielded, deadlined scope to await the cookbook's
+    # inherited no-op; a builder that overrides cleanup still gets one.
+    from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
+    from tinker_cookbook.rl.types import EnvGroupBuilder as CookbookEnvGroupBuilder
+
+    from trio_rl.rollouts import _cleanup_is_a_no_op
+
+    class Releasing(ProblemGroupBuilder):
+        async def cleanup(self) -> None:
+            pass
+
+    assert _cleanup_is_a_no_op(ProblemGroupBuilder)
+    assert _cleanup_is_a_no_op(CookbookEnvGroupBuilder)
+    assert not _cleanup_is_a_no_op(Releasing)
