@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pydantic
+import pytest
 from tinker import types as tinker_types
 
 from trio_rl import _tinker_compat as compat
@@ -63,3 +64,14 @@ class _WithPrivate(pydantic.BaseModel):
 def test_a_model_with_private_state_is_left_to_model_construct() -> None:
     built = compat.unvalidated_builder(_WithPrivate)({"x": 1}, {"x"})
     assert built.x == 1 and built._cache == 7
+
+
+def test_inputs_that_share_a_fields_set_are_independent_under_copy_and_assignment() -> None:
+    first, second = compat.model_input_from_ints([1, 2]), compat.model_input_from_ints([3])
+    copied = first.model_copy(update={"chunks": []})
+    assert copied.chunks == [] and first.to_ints() == [1, 2] and second.to_ints() == [3]
+    assert first.model_fields_set == second.model_fields_set == {"chunks"}
+    # Frozen: no instance can add to the set they share.
+    with pytest.raises(pydantic.ValidationError):
+        first.chunks = []
+    assert second.model_fields_set == {"chunks"}

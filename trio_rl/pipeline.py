@@ -41,7 +41,7 @@ from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
 from .kl import reference_logprob_diffs
 from .ledger import DataLedger
-from .metrics import MetricsLog
+from .metrics import GroupSummary, MetricsLog
 from .rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
 from .step_metrics import (
@@ -443,7 +443,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     data = assemble_training_data([group], settings.loss_fn)
     # Scored here, beside the other groups' sampling, so the trainer only adds.
     diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
-    return FinishedGroup(item, version, group, list(item.builder.logging_tags()), data, diffs)
+    return FinishedGroup(item, version, GroupSummary.of(group), list(item.builder.logging_tags()), data, diffs)
 
 
 async def _roll_out(

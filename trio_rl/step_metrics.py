@@ -12,8 +12,7 @@ from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
 from .data import MASK_KEY
-from .metrics import trajectory_metrics
-from .rollouts import is_initial_overflow
+from .metrics import summary_metrics
 from .types import Metrics
 from .work import FinishedGroup
 
@@ -55,7 +54,7 @@ class RunCounts:
     def with_errors_of(self, groups: Sequence[FinishedGroup]) -> tuple[tuple[str, int], ...]:
         """``error_types`` after also counting the rollout errors of ``groups``."""
         counts = Counter(dict(self.error_types))
-        counts.update(e.error_type for g in groups for e in g.group.rollout_errors)
+        counts.update(e.error_type for g in groups for e in g.summary.rollout_errors)
         return tuple(sorted(counts.items()))
 
 
@@ -69,8 +68,8 @@ def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: i
         "progress/groups": len(groups),
         # Smaller than the run's batch size: the end of data, a short dataset batch, or skipped groups.
         "progress/partial_batch": int(len(groups) < groups_per_step),
-        "rollouts/errors": sum(len(g.group.rollout_errors) for g in groups),
-        "rollouts/initial_overflow": sum(is_initial_overflow(t) for g in groups for t in g.group.trajectories_G),
+        "rollouts/errors": sum(len(g.summary.rollout_errors) for g in groups),
+        "rollouts/initial_overflow": sum(g.summary.initial_overflows for g in groups),
     }
     if not groups:
         return metrics
@@ -85,7 +84,7 @@ def group_metrics(step: int, groups: Sequence[FinishedGroup], groups_per_step: i
             "async/staleness_mean": sum(staleness) / len(staleness),
         }
     )
-    metrics.update(trajectory_metrics([g.group for g in groups], [g.tags for g in groups]))
+    metrics.update(summary_metrics([g.summary for g in groups], [g.tags for g in groups]))
     return metrics
 
 
@@ -122,10 +121,8 @@ def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
     """What sampling (and reference scoring) of ``groups`` used."""
     sampled = prefill = 0
     for g in groups:
-        for trajectory in g.group.trajectories_G:
-            for transition in trajectory.transitions:
-                sampled += len(transition.ac.tokens)
-                prefill += compat.token_count(transition.ob)
+        sampled += g.summary.ac_tokens
+        prefill += g.summary.ob_tokens
         if g.reference_diffs is not None:
             prefill += sum(compat.token_count(d.model_input) + 1 for d in g.data)
     return TokenCounts(sampled=sampled, prefill_uncached=prefill)

@@ -10,7 +10,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from .backends.protocol import PendingResult, TrainingClient
-from .data import is_constant_reward, without_mask
+from .data import without_mask
 from .kl import incorporate_kl_penalty
 from .schedule import StepPlan
 from .types import Metrics
@@ -125,7 +125,7 @@ class StepRunner:
         return await self._complete(current)
 
     async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
-        kept = [g for g in groups if not (self._filter and is_constant_reward(g.group))]
+        kept = [g for g in groups if not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
             diffs = [diff for group in kept for diff in group.reference_diffs or []]

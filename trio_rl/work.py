@@ -7,7 +7,8 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from .types import EnvGroupBuilder, RolloutError, TrajectoryGroup
+from .metrics import GroupSummary
+from .types import EnvGroupBuilder, RolloutError
 
 
 @dataclass(frozen=True, order=True)
@@ -43,11 +44,17 @@ class WorkItem:
 
 @dataclass
 class FinishedGroup:
-    """A sampled group with the weights version it was sampled from."""
+    """A sampled group with the weights version it was sampled from.
+
+    It keeps its trajectories' :class:`~trio_rl.metrics.GroupSummary` rather
+    than the trajectories: the data it trains on is built already, and at
+    thousands of groups per step, waiting trajectories were most of what the
+    garbage collector had to walk.
+    """
 
     item: WorkItem
     version: int
-    group: TrajectoryGroup
+    summary: GroupSummary
     tags: list[str]
     data: list[tinker_types.Datum]
     """The group's training data, assembled by the worker as soon as the group is done."""
