@@ -7,6 +7,9 @@ Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches;
    under "requeue" and "pace", over the same 20,000 groups at every size (at
    least three steps): a policy whose bookkeeping rescans what it holds would
    grow with the batch, and equal work keeps short runs from looking cheaper.
+   ``--instructions`` counts instead the instructions per group under valgrind
+   (50 and 500 groups per batch, the collector off): the work itself, which
+   neither the machine's caches nor the garbage collector change.
 2. Memory per group in flight: 5,000 groups of 4 single-turn envs, all waiting
    on a slow sampler at once (virtual time), measured with tracemalloc as the
    memory the run holds beyond an idle run's, divided by the groups in flight.
@@ -17,6 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -50,6 +56,22 @@ def cpu_per_group(groups_per_batch: int, staleness: str, steps: int) -> float:
         started = time.process_time()
         trio.run(run, config, dataset, FakeBackend(record_calls=False))
         return 1e6 * (time.process_time() - started) / dataset.total_groups
+
+
+def instructions_per_group(groups_per_batch: int, staleness: str) -> float:
+    """Instructions per group with the collector off: the difference between runs of 2 and 4 batches,
+    so that start-up and imports cancel out (``valgrind --tool=callgrind``)."""
+    counts = []
+    for steps in (2, 4):
+        code = f"import gc, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); gc.disable(); import scaling; " \
+               f"scaling.cpu_per_group({groups_per_batch}, {staleness!r}, {steps})"  # fmt: skip
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                               "-c", code], capture_output=True, text=True, check=True)  # fmt: skip
+        match = re.search(r"Collected : (\d+)", done.stderr)
+        if match is None:
+            raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+        counts.append(int(match.group(1)))
+    return (counts[1] - counts[0]) / (2 * groups_per_batch)
 
 
 def memory_per_group_in_flight(groups: int) -> tuple[float, float]:
@@ -88,7 +110,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tuned-gc", action="store_true", help="apply tune_gc_for_training() first")
+    parser.add_argument("--instructions", action="store_true", help="count instructions per group (needs valgrind)")
     args = parser.parse_args()
+    if args.instructions:
+        print(f"{'groups/batch':>12} {'requeue M instr/group':>22} {'pace M instr/group':>19}  (collector off)")
+        for size in (50, 500):
+            requeue, pace = (instructions_per_group(size, staleness) / 1e6 for staleness in ("requeue", "pace"))
+            print(f"{size:>12} {requeue:>22.3f} {pace:>19.3f}")
+        return
     if args.tuned_gc:
         tune_gc_for_training()
     sizes = [50, 500, 2000] if args.quick else [50, 500, 5000]
