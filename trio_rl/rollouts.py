@@ -169,6 +169,20 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     without sampling; the final transition's ``stop/<reason>`` metric becomes
     :attr:`Trajectory.stop_reason`.
     """
+    into: list[Trajectory | None] = [None]
+    await _roll_out_into(into, 0, policy, env)
+    trajectory = into[0]
+    assert trajectory is not None
+    return trajectory
+
+
+async def _roll_out_into(into: list[Trajectory | None], index: int, policy: TokenPolicy, env: Env) -> None:
+    """:func:`do_single_rollout`, leaving the trajectory at ``into[index]``.
+
+    So a group's rollouts can be tasks of their own: a wrapper that stored what
+    ``do_single_rollout`` returns would be one more frame for every rollout,
+    held all the while it waits on the sampler.
+    """
     runner = current_runner()
     initial = await runner.call(env.initial_observation)
     # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
@@ -178,7 +192,8 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
                 f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
                 "expected (observation, stop_condition) or InitialObservationOverflow"
             )
-        return _overflow_trajectory(initial)
+        into[index] = _overflow_trajectory(initial)
+        return
     ob, stop = initial
     takes_extra = _step_takes_extra(type(env).step)
     step = runner.bind(env.step)
@@ -195,11 +210,12 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
         )
         transitions.append(transition)
         if result.episode_done:
-            return Trajectory(
+            into[index] = Trajectory(
                 transitions=transitions,
                 final_ob=result.next_observation,
                 stop_reason=stop_reason_from_metrics(transition.metrics),
             )
+            return
         ob, stop = result.next_observation, result.next_stop_condition
 
 
@@ -236,13 +252,12 @@ class FailFast:
 
     async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
         trajectories: list[Trajectory | None] = [None] * len(envs)
-
-        async def one(index: int, env: Env) -> None:
-            trajectories[index] = await do_single_rollout(policy_for(index, 0), env)
-
         async with trio.open_nursery() as nursery:
-            for index, env in enumerate(envs):
-                nursery.start_soon(one, index, env)
+            for index in range(1, len(envs)):
+                nursery.start_soon(_roll_out_into, trajectories, index, policy_for(index, 0), envs[index])
+            if envs:
+                # The first rollout runs in this task, which would otherwise only wait for it.
+                await _roll_out_into(trajectories, 0, policy_for(0, 0), envs[0])
         return GroupRollout(trajectories=[t for t in trajectories if t is not None], envs=list(envs))
 
 
