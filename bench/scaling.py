@@ -1,7 +1,8 @@
 """Per-group cost as the batch grows, and memory per group in flight.
 
 Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches;
-``--tuned-gc`` to apply :func:`trio_rl.tune_gc_for_training` first, as the command line does).
+``--tuned-gc`` to apply :func:`trio_rl.tune_gc_for_training` first, as the command line does;
+``--no-gc`` to switch the collector off).
 
 1. CPU per group at zero latency for 50, 500 and 5,000 groups per batch (K=1),
    under "requeue" and "pace", over the same 20,000 groups at every size (at
@@ -18,6 +19,7 @@ Run: ``.venv/bin/python bench/scaling.py`` (``--quick`` for smaller batches;
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import re
@@ -110,6 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tuned-gc", action="store_true", help="apply tune_gc_for_training() first")
+    parser.add_argument("--no-gc", action="store_true", help="run with gc.disable(), to separate the collector's cost")
     parser.add_argument("--instructions", action="store_true", help="count instructions per group (needs valgrind)")
     args = parser.parse_args()
     if args.instructions:
@@ -120,9 +123,12 @@ def main() -> None:
         return
     if args.tuned_gc:
         tune_gc_for_training()
+    if args.no_gc:
+        gc.disable()
     sizes = [50, 500, 2000] if args.quick else [50, 500, 5000]
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, trio {trio.__version__}")
-    print(f"garbage collector: {'tune_gc_for_training()' if args.tuned_gc else 'CPython defaults'}")
+    collector = "off" if args.no_gc else "tune_gc_for_training()" if args.tuned_gc else "CPython defaults"
+    print(f"garbage collector: {collector}")
     print(f"{'groups/batch':>12} {'requeue us/group':>17} {'pace us/group':>14}")
     for size in sizes:
         steps = max(3, TOTAL_GROUPS // size - 1)
