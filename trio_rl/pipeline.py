@@ -443,6 +443,8 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     data = assemble_training_data([group], settings.loss_fn)
     # Scored here, beside the other groups' sampling, so the trainer only adds.
     diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
+    # From here on the group is its data and a summary: its trajectories are
+    # dropped rather than held (and walked by the collector) until its step.
     return FinishedGroup(item, version, GroupSummary.of(group), list(item.builder.logging_tags()), data, diffs)
 
 
