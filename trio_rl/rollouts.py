@@ -441,10 +441,8 @@ async def _run_with_retries(
 
     with trio.CancelScope() as group:
         async with trio.open_nursery() as nursery:
-            for index in range(1, len(envs)):
-                nursery.start_soon(slot, index, envs[index], group)
-            if envs:
-                await slot(0, envs[0], group)  # in this task, as FailFast does
+            for index, env in enumerate(envs):
+                nursery.start_soon(slot, index, env, group)
     kept = [r for r in results if r is not None]
     errors.sort(key=lambda e: (e.env_index, e.attempt))
     return GroupRollout(trajectories=[t for t, _ in kept], envs=[e for _, e in kept], errors=errors)
