@@ -139,6 +139,33 @@ async def test_min_viable_group_keeps_the_survivors_above_the_floor() -> None:
     assert sorted((e.env_index, e.attempt) for e in info.value.errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+class _SlotsZeroAndOneFail(FakeEnvGroupBuilder):
+    """Slots 0 and 1 fail in their first step, at the same instant; a fresh env of any slot succeeds."""
+
+    async def make_envs(self) -> Sequence[FakeEnv]:
+        envs = list(await super().make_envs())
+        for env in envs[:2]:
+            env.spec = FakeEnvSpec(fail_at={self.key: "step"})
+            env.index = 0  # the fake fails env 0 of a failing key
+        return envs
+
+
+async def test_the_last_retry_goes_to_the_first_slot_whatever_order_trio_runs_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Trio runs the tasks of one scheduler pass in a random order; twenty groups
+    # would show either slot winning if that order decided. (Under RetryOnFailure
+    # a spent budget fails the whole group, so only MinViableGroup can tell.)
+    retried = set()
+    with trio.fail_after(60):
+        for _ in range(20):
+            builder = _SlotsZeroAndOneFail((0, 0), FakeEnvSpec(group_size=4), [])
+            group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(3, max_retries=1))
+            assert len(group.trajectories_G) == 3
+            retried.add(tuple(line for line in builder.log if line.startswith("make_env ")))
+    assert retried == {("make_env (0, 0) 0",)}
+
+
 def test_error_strategy_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="max_retries"):
         RetryOnFailure(max_retries=-1)

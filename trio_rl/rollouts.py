@@ -41,7 +41,7 @@ from tinker import types as tinker_types
 from . import _tinker_compat as compat
 from .asyncio_bridge import call_user, current_runner
 from .backends.protocol import SamplingClient
-from .determinism import derive_seed
+from .determinism import derive_seed, settle
 from .errors import GroupFailedError
 from .types import (
     ActionExtra,
@@ -417,26 +417,42 @@ async def _run_with_retries(
 
     With ``floor`` None (RetryOnFailure), a failure once the budget is spent
     cancels the other slots. With a floor (MinViableGroup), a failure is only
-    retried while fewer than ``floor`` rollouts have succeeded.
+    retried while fewer than ``floor`` rollouts have succeeded. Failures at the
+    same instant draw on the budget in slot order.
     """
     results: list[tuple[Trajectory, Env] | None] = [None] * len(envs)
     errors: list[RolloutError] = []
     budget = max_retries
+    failed_now: list[int] = []
+    retries: dict[int, bool] = {}
+
+    def answer_failures() -> None:
+        # Every failure of one instant is answered together, in slot order, so
+        # that which slot gets the last of the budget never depends on which
+        # task Trio happened to run first.
+        nonlocal budget
+        succeeded = sum(r is not None for r in results)
+        for index in sorted(failed_now):
+            retries[index] = budget > 0 and (floor is None or succeeded < floor)
+            if retries[index]:
+                budget -= 1
+        failed_now.clear()
 
     async def slot(index: int, env: Env, group: trio.CancelScope) -> None:
-        nonlocal budget
         for attempt in itertools.count():
             result = await _attempt(policy_for(index, attempt), env, index, attempt, timeout)
             if not isinstance(result, RolloutError):
                 results[index] = (result, env)
                 return
             errors.append(result)
-            succeeded = sum(r is not None for r in results)
-            if budget == 0 or (floor is not None and succeeded >= floor):
+            failed_now.append(index)
+            await settle()  # until every failure of this instant has arrived
+            if failed_now:
+                answer_failures()
+            if not retries.pop(index):
                 if floor is None:
                     group.cancel()  # the group has failed: its other rollouts are of no use
                 return
-            budget -= 1
             env = await _fresh_env(builder, index)
 
     with trio.CancelScope() as group:
