@@ -116,29 +116,6 @@ async def test_a_hung_rollout_times_out_and_is_retried(autojump_clock: trio.test
     assert trio.current_time() == pytest.approx(5.0)
 
 
-async def test_min_viable_group_keeps_the_survivors_above_the_floor() -> None:
-    class TwoFailing(FakeEnvGroupBuilder):
-        async def make_envs(self) -> Sequence[FakeEnv]:
-            envs = list(await super().make_envs())
-            for env in envs[:2]:
-                env.spec = FakeEnvSpec(fail_at={self.key: "step"})
-                env.index = 0  # the fake fails env 0 of a failing key
-            return envs
-
-        async def make_env(self, index: int) -> FakeEnv:
-            env = FakeEnv(self.key, 0, FakeEnvSpec(fail_at={self.key: "step"}), 0, self.log)
-            return env
-
-    builder = TwoFailing((0, 0), FakeEnvSpec(group_size=4), [])
-    group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=2, max_retries=0))
-    assert len(group.trajectories_G) == 2
-    assert sorted((e.env_index, e.attempt) for e in group.rollout_errors) == [(0, 0), (1, 0)]
-    # Below the floor, the group's budget of 2 retries is spent, one per failing slot.
-    with pytest.raises(GroupFailedError, match="needs 3") as info:
-        await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=3, max_retries=2))
-    assert sorted((e.env_index, e.attempt) for e in info.value.errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
 class _SlotsZeroAndOneFail(FakeEnvGroupBuilder):
     """Slots 0 and 1 fail in their first step, at the same instant; a fresh env of any slot succeeds."""
 
@@ -148,6 +125,21 @@ class _SlotsZeroAndOneFail(FakeEnvGroupBuilder):
             env.spec = FakeEnvSpec(fail_at={self.key: "step"})
             env.index = 0  # the fake fails env 0 of a failing key
         return envs
+
+
+async def test_min_viable_group_keeps_the_survivors_above_the_floor() -> None:
+    class TwoFailing(_SlotsZeroAndOneFail):
+        async def make_env(self, index: int) -> FakeEnv:
+            return FakeEnv(self.key, 0, FakeEnvSpec(fail_at={self.key: "step"}), 0, self.log)
+
+    builder = TwoFailing((0, 0), FakeEnvSpec(group_size=4), [])
+    group = await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=2, max_retries=0))
+    assert len(group.trajectories_G) == 2
+    assert sorted((e.env_index, e.attempt) for e in group.rollout_errors) == [(0, 0), (1, 0)]
+    # Below the floor, the group's budget of 2 retries is spent, one per failing slot.
+    with pytest.raises(GroupFailedError, match="needs 3") as info:
+        await do_group_rollout(builder, policies(FakeBackend()), MinViableGroup(min_successful=3, max_retries=2))
+    assert sorted((e.env_index, e.attempt) for e in info.value.errors) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 async def test_the_last_retry_goes_to_the_first_slot_whatever_order_trio_runs_them(
