@@ -55,7 +55,10 @@ def unvalidated_builder(cls: type[Any]) -> Callable[[dict[str, Any], set[str]], 
     """A function ``(values, fields_set) -> instance`` that builds what ``cls.model_construct`` builds.
 
     ``values`` must hold every field, already valid (we built them), and
-    ``fields_set`` is what ``model_fields_set`` will report. ``model_construct``
+    ``fields_set`` is what ``model_fields_set`` will report. Callers may pass one
+    set for every instance: a frozen model's instances share it (none can add to
+    it, and ``model_copy`` copies it before an update), and a mutable model's
+    each get a copy, since pydantic adds an assigned field to it. ``model_construct``
     walks every field for aliases and defaults on each call; for the three
     ``ModelInput`` and one ``SamplingParams`` a rollout makes, that walk was a
     tenth of the pipeline's CPU. The instance gets the attributes a pydantic 2
@@ -69,15 +72,16 @@ def unvalidated_builder(cls: type[Any]) -> Callable[[dict[str, Any], set[str]], 
         and not cls.__private_attributes__
         and cls.model_post_init is pydantic.BaseModel.model_post_init
     )
+    own_set: Callable[[set[str]], set[str]] = (lambda fields_set: fields_set) if cls.model_config.get("frozen") else set
     if not plain:
-        return lambda values, fields_set: cls.model_construct(fields_set, **values)
+        return lambda values, fields_set: cls.model_construct(own_set(fields_set), **values)
     model: Any = cls  # a pydantic model class: its __new__ takes the class alone
     new, set_attribute = model.__new__, object.__setattr__
 
     def build(values: dict[str, Any], fields_set: set[str]) -> Any:
         instance = new(cls)
         set_attribute(instance, "__dict__", values)
-        set_attribute(instance, "__pydantic_fields_set__", fields_set)
+        set_attribute(instance, "__pydantic_fields_set__", own_set(fields_set))
         set_attribute(instance, "__pydantic_extra__", None)
         set_attribute(instance, "__pydantic_private__", None)
         return instance
@@ -87,15 +91,11 @@ def unvalidated_builder(cls: type[Any]) -> Callable[[dict[str, Any], set[str]], 
 
 _new_chunk = unvalidated_builder(tinker_types.EncodedTextChunk)
 _new_model_input = unvalidated_builder(tinker_types.ModelInput)
-# Every chunk and input built here shares one fields set. Both models are
-# frozen, so no instance adds to it, and ``model_copy`` copies it before an
-# update. A set per instance was a seventh of the objects the garbage
+# One set for every chunk and input built here (shared, as both models are
+# frozen): a set per instance was a seventh of the objects the garbage
 # collector tracked for each finished group.
 _CHUNK_FIELDS_SET = {"tokens", "type"}
 _MODEL_INPUT_FIELDS_SET = {"chunks"}
-_SHARES_FIELDS_SETS = all(
-    cls.model_config.get("frozen") for cls in (tinker_types.EncodedTextChunk, tinker_types.ModelInput)
-)
 
 
 def model_input_from_ints(tokens: list[int]) -> tinker_types.ModelInput:
@@ -104,9 +104,6 @@ def model_input_from_ints(tokens: list[int]) -> tinker_types.ModelInput:
     The ids come from our own lists of ints, and pydantic's per-item validation
     was the largest cost of building a Datum.
     """
-    if not _SHARES_FIELDS_SETS:  # an SDK whose models are mutable: a set each
-        chunk = _new_chunk({"tokens": tokens, "type": "encoded_text"}, {"tokens", "type"})
-        return _new_model_input({"chunks": [chunk]}, {"chunks"})  # type: ignore[no-any-return]
     chunk = _new_chunk({"tokens": tokens, "type": "encoded_text"}, _CHUNK_FIELDS_SET)
     return _new_model_input({"chunks": [chunk]}, _MODEL_INPUT_FIELDS_SET)  # type: ignore[no-any-return]
 

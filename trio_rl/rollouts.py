@@ -82,14 +82,10 @@ class ParamsPerCall:
         self._build = compat.unvalidated_builder(type(params))
         self._values = dict(params)
         self._fields_set = params.model_fields_set | {"stop", "seed"}
-        # Pydantic adds an assigned field to the instance's set, so each copy of a
-        # mutable model needs a set of its own; copies of a frozen one can share.
-        self._shares_fields_set = bool(type(params).model_config.get("frozen"))
 
     def __call__(self, stop: StopCondition, seed: int) -> tinker_types.SamplingParams:
         """The params for one call: these fields, with ``stop`` and ``seed`` replaced."""
-        fields_set = self._fields_set if self._shares_fields_set else set(self._fields_set)
-        return self._build({**self._values, "stop": stop, "seed": seed}, fields_set)  # type: ignore[no-any-return]
+        return self._build({**self._values, "stop": stop, "seed": seed}, self._fields_set)  # type: ignore[no-any-return]
 
 
 class SamplingPolicy:
