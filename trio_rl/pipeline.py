@@ -436,8 +436,9 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     if isinstance(rolled, AbandonedGroup):
         return rolled
     version, group = rolled
+    summary = GroupSummary.of(group)
     # Outside the try: a non-finite reward ends the run under every strategy.
-    _check_finite_rewards(item, version, group.get_total_rewards())
+    _check_finite_rewards(item, version, summary.total_rewards)
     # Advantages are centred within the group, so its data can be built here,
     # while other groups are still sampling, instead of on the trainer's path.
     data = assemble_training_data([group], settings.loss_fn)
@@ -445,7 +446,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
     # From here on the group is its data and a summary: its trajectories are
     # dropped rather than held (and walked by the collector) until its step.
-    return FinishedGroup(item, version, GroupSummary.of(group), list(item.builder.logging_tags()), data, diffs)
+    return FinishedGroup(item, version, summary, list(item.builder.logging_tags()), data, diffs)
 
 
 async def _roll_out(
