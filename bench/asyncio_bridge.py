@@ -97,7 +97,7 @@ def seeded_asyncio_run(seed: int) -> tuple[list[dict[str, Any]], list[tuple[int,
     """Metrics (wall-time keys dropped) and semaphore order of one seeded asyncio run in virtual time."""
     import trio.testing
 
-    from trio_rl.metrics import WALL_TIME_PREFIX
+    from trio_rl.rl.metrics import WALL_TIME_PREFIX
 
     dataset = asyncio_envs.AsyncioDataset(4, 4, delay=0.5, group_size=4)
 

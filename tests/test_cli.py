@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import read_jsonl
 from trio_rl import Config
-from trio_rl.checkpoint import CheckpointLog
 from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, make_config, parse_args, run_cli
+from trio_rl.loop.checkpoints import CheckpointLog
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
-from trio_rl.checkpoint import CheckpointLog
+from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.testing import FakeBackend, FakeDataset
 
 COOKBOOK_FIELDS = ("name", "batch", "state_path", "sampler_path", "cumulative_tokens", "discarded_tokens")

@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import read_jsonl
 from trio_rl import TokensWithLogprobs, Trajectory, Transition, trajectory_to_data
 from trio_rl.backends.local import CharTokenizer
-from trio_rl.checkpoint import CheckpointLog
 from trio_rl.cli import LazyTokenizer
+from trio_rl.loop.checkpoints import CheckpointLog
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2, "progress": False}

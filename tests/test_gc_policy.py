@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from trio_rl import tune_gc_for_training
-from trio_rl.gc_policy import THRESHOLDS
+from trio_rl.loop.gc_policy import THRESHOLDS
 
 
 @pytest.fixture

@@ -12,7 +12,19 @@ from tinker import types as tinker_types
 
 from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
 from tests.integration.tiny_model import TinyModel
-from trio_rl import AsyncConfig, Config, Env, EnvGroupBuilder, Metrics, Observation, RLDataset, StepResult, StopCondition, Trajectory, train
+from trio_rl import (
+    AsyncConfig,
+    Config,
+    Env,
+    EnvGroupBuilder,
+    Metrics,
+    Observation,
+    RLDataset,
+    StepResult,
+    StopCondition,
+    Trajectory,
+    train,
+)
 
 PROMPT = [5, 17, 42]
 

@@ -14,7 +14,7 @@ from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import KLReferenceConfig
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import LocalBackend, ModelConfig
-from trio_rl.kl import discounted_future_sum, incorporate_kl_penalty, reference_logprob_diffs
+from trio_rl.rl.kl import discounted_future_sum, incorporate_kl_penalty, reference_logprob_diffs
 from trio_rl.testing import FakeBackend, FakeDataset
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32)

@@ -9,9 +9,10 @@ import trio
 from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
-from trio_rl import AsyncConfig
 from tests.pipeline_helpers import MODES, make_config, run_fake, straggling_group_1
+from trio_rl import AsyncConfig
 from trio_rl.testing import FakeBackend, FakeDataset
+
 
 @pytest.mark.parametrize("mode", ["pace", "requeue"])
 async def test_fewer_groups_than_one_batch_train_one_partial_step(log_path: Path, mode: str, autojump_clock: MockClock) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trio.testing import MockClock
-
 import trio
+from trio.testing import MockClock
 
 from tests.conftest import read_jsonl, read_metrics_by_step
 from tests.pipeline_helpers import MODES, make_config, run_fake

@@ -11,7 +11,14 @@ from trio.testing import MockClock
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl import CheckpointLog
 from trio_rl.errors import NonFiniteError
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator, FakeSamplingClient
+from trio_rl.testing import (
+    FakeBackend,
+    FakeDataset,
+    FakeEnvGroupBuilder,
+    FakeEnvSpec,
+    FakeEvaluator,
+    FakeSamplingClient,
+)
 
 
 class EnvBroke(Exception):

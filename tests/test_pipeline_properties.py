@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import trio
@@ -19,9 +18,9 @@ import trio.testing
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, train
-from trio_rl.determinism import derive_seed
 from tests.conftest import read_jsonl
+from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, train
+from trio_rl.loop.determinism import derive_seed
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 
 VIRTUAL_DEADLINE_S = 100_000.0

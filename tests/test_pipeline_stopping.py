@@ -11,7 +11,7 @@ from trio.testing import MockClock
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, RUN_DEADLINE_S, make_config, run_fake
 from trio_rl import RunHandle, train
-from trio_rl.checkpoint import CheckpointLog
+from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator
 
 

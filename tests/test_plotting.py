@@ -1,4 +1,4 @@
-"""trio_rl.plotting: the curves, fitted to the data, from metrics.jsonl."""
+"""trio_rl.cli.plotting: the curves, fitted to the data, from metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from matplotlib.image import imread
 
-from trio_rl.plotting import CURVE_FILE, draw_curves, series, write_curves
-from trio_rl.progress import REWARD_KEY
+from trio_rl.cli.plotting import CURVE_FILE, draw_curves, series, write_curves
+from trio_rl.cli.progress import REWARD_KEY
 
 
 def records() -> list[dict[str, object]]:

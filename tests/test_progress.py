@@ -1,10 +1,10 @@
-"""trio_rl.progress: the tqdm bar on a terminal, plain lines elsewhere."""
+"""trio_rl.cli.progress: the tqdm bar on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
 import io
 
-from trio_rl.progress import REWARD_KEY, RunProgress
+from trio_rl.cli.progress import REWARD_KEY, RunProgress
 
 
 class Terminal(io.StringIO):

@@ -9,7 +9,7 @@ import trio
 from tinker import types as tinker_types
 
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
-from trio_rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy
+from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
 
 
@@ -208,7 +208,7 @@ def test_params_per_call_equal_a_model_copy_with_stop_and_seed() -> None:
 
 
 def test_only_an_overridden_cleanup_counts_as_work() -> None:
-    from trio_rl.rollouts import _cleanup_is_a_no_op
+    from trio_rl.rl.rollouts import _cleanup_is_a_no_op
     from trio_rl.types import EnvGroupBuilder
 
     class DuckTyped:  # a builder without cleanup: nothing to release

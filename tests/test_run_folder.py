@@ -11,8 +11,8 @@ from trio.testing import MockClock
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import CheckpointLog, ConfigError
-from trio_rl.jsonl import DamagedFileError, RunFolderWarning
-from trio_rl.run_folder import ResumeError, RunFolderExistsError
+from trio_rl.loop.jsonl import DamagedFileError, RunFolderWarning
+from trio_rl.loop.run_folder import ResumeError, RunFolderExistsError
 from trio_rl.testing import FakeBackend, FakeDataset
 
 

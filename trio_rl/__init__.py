@@ -9,17 +9,18 @@ fakes for tests in :mod:`trio_rl.testing`.
 
 from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
 from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
-from .checkpoint import CheckpointLog, CheckpointRecord
 from .config import AsyncConfig, Config, StreamMinibatchConfig
-from .data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
-from .determinism import derive_seed
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
-from .evaluation import SamplingClientEvaluator
-from .gc_policy import tune_gc_for_training
-from .kl import KLReferenceConfig
-from .metrics import trajectory_metrics
-from .rl_test_set import RLTestSetEvaluator
-from .rollouts import (
+from .loop.checkpoints import CheckpointLog, CheckpointRecord
+from .loop.determinism import derive_seed
+from .loop.evaluation import SamplingClientEvaluator
+from .loop.gc_policy import tune_gc_for_training
+from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
+from .loop.train import RunHandle, TrainResult, run, train
+from .rl.data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
+from .rl.kl import KLReferenceConfig
+from .rl.metrics import trajectory_metrics
+from .rl.rollouts import (
     ErrorStrategy,
     FailFast,
     MinViableGroup,
@@ -29,8 +30,7 @@ from .rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
-from .schedule import Pace, Requeue, Schedule, Stream, Sync
-from .train import RunHandle, TrainResult, run, train
+from .rl.test_set import RLTestSetEvaluator
 from .types import (
     PARSE_ERROR_MASKED_METRIC_KEY,
     STOP_METRIC_PREFIX,

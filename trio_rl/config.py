@@ -11,9 +11,9 @@ from tinker import types as tinker_types
 
 from .asyncio_bridge import BRIDGE_MODES, BridgeMode
 from .errors import ConfigError
-from .kl import KLReferenceConfig
-from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure, rollout_strategy_from_config
-from .schedule import Pace, Requeue, Schedule, Stream, Sync
+from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
+from .rl.kl import KLReferenceConfig
+from .rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure, rollout_strategy_from_config
 
 LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnType) if name != "custom")
 """Every loss the installed tinker SDK's ``LossFnType`` admits, except ``custom`` (a client-side

@@ -23,7 +23,7 @@ import trio
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .determinism import derive_seed
+from .loop.determinism import derive_seed
 from .types import (
     ActionExtra,
     Env,

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from tinker import types as tinker_types
 from tinker_cookbook.completers import MessageCompleter
 from tinker_cookbook.preference.types import Comparison, PreferenceModel
 from tinker_cookbook.renderers import Message, get_renderer
-
-from tinker import types as tinker_types
 
 from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, TrainResult, train
 from trio_rl import _tinker_compat as compat

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from tinker_cookbook.completers import TinkerMessageCompleter
 from tinker_cookbook.eval.benchmarks.gsm8k import GSM8KMessageEnv
 from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset
 from tinker_cookbook.recipes.math_rl.math_env import MathEnv
@@ -22,7 +23,6 @@ from tinker_cookbook.recipes.multiplayer_rl.guess_number.env import GuessNumberD
 from tinker_cookbook.recipes.multiplayer_rl.twenty_questions.env import TwentyQuestionsDataset
 from tinker_cookbook.recipes.rubric.data import Rubric, RubricBasedDatapoint
 from tinker_cookbook.recipes.rubric.env import RubricGradedDataset
-from tinker_cookbook.completers import TinkerMessageCompleter
 from tinker_cookbook.rl.message_env import EnvFromMessageEnv
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 from tinker_cookbook.rl.preference_envs import PairwisePreferenceGroupBuilder, TournamentPattern
@@ -187,7 +187,10 @@ def test_rubric_graded_env(tmp_path: Path, mode: str) -> None:
 @pytest.mark.parametrize("mode", MODE_NAMES)
 def test_two_player_self_play_with_a_stub_game(tmp_path: Path, mode: str) -> None:
     install_stub_textarena()
-    from tinker_cookbook.recipes.multiplayer_rl.text_arena.env import TwoPlayerEnvGroupBuilder, TwoPlayerTextArenaDataset
+    from tinker_cookbook.recipes.multiplayer_rl.text_arena.env import (
+        TwoPlayerEnvGroupBuilder,
+        TwoPlayerTextArenaDataset,
+    )
 
     builder = TwoPlayerEnvGroupBuilder(game_name="Stub-v0", renderer=RENDERER, num_envs=2, self_play=True)
     dataset = TwoPlayerTextArenaDataset(batch_size=2, builder=builder, num_datapoints=6)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import tinker_cookbook
+from tinker_cookbook.recipes.rubric.data import Rubric, RubricBasedDatapoint
 
 import trio_rl.types
 from tests.cookbook.cookbook_fixtures import (
@@ -24,7 +25,6 @@ from tests.cookbook.cookbook_fixtures import (
     ScoringGrader,
     run_training,
 )
-from tinker_cookbook.recipes.rubric.data import Rubric, RubricBasedDatapoint
 
 COOKBOOK_IMPORT = "from tinker_cookbook.rl.types import"
 TRIO_RL_IMPORT = "from trio_rl.types import"

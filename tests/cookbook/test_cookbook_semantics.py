@@ -103,7 +103,7 @@ def test_the_cookbooks_default_cleanup_is_known_to_do_nothing() -> None:
     from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
     from tinker_cookbook.rl.types import EnvGroupBuilder as CookbookEnvGroupBuilder
 
-    from trio_rl.rollouts import _cleanup_is_a_no_op
+    from trio_rl.rl.rollouts import _cleanup_is_a_no_op
 
     class Releasing(ProblemGroupBuilder):
         async def cleanup(self) -> None:

@@ -23,7 +23,7 @@ from skyrl_server import DUMMY_API_KEY, SkyRLServer
 from tinker import types as tinker_types
 
 from trio_rl.backends.tinker import RemoteTimeoutError, TinkerBackend, TinkerTimeouts
-from trio_rl.data import trajectory_to_data, without_mask
+from trio_rl.rl.data import trajectory_to_data, without_mask
 from trio_rl.types import TokensWithLogprobs, Trajectory, Transition
 
 pytestmark = pytest.mark.integration

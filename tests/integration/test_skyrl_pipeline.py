@@ -28,7 +28,7 @@ from tinker import types as tinker_types
 import trio_rl
 from trio_rl.backends.protocol import PendingResult, SamplingClient, Tokenizer, TrainingClient
 from trio_rl.backends.tinker import RemoteTimeoutError, TinkerBackend, TinkerTimeouts
-from trio_rl.checkpoint import CheckpointLog
+from trio_rl.loop.checkpoints import CheckpointLog
 
 pytestmark = pytest.mark.integration
 
@@ -452,8 +452,8 @@ async def test_pipeline_sampling_seeds_fit_int32(skyrl_server: SkyRLServer) -> N
     a run whose rollout seeds were wider failed at its first sample. This sends
     the seed the pipeline gives the first rollout of a run with seed 0.
     """
-    from trio_rl.determinism import derive_seed
-    from trio_rl.rollouts import SamplingPolicy
+    from trio_rl.loop.determinism import derive_seed
+    from trio_rl.rl.rollouts import SamplingPolicy
 
     tokenizer = await server_tokenizer(skyrl_server)
     config = make_config(skyrl_server, Path("unused"))

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tinker import types as tinker_types
 
-from . import _tinker_compat as compat
+from .. import _tinker_compat as compat
+from ..loop.work import FinishedGroup
+from ..types import Metrics
 from .data import MASK_KEY
 from .metrics import summary_metrics
-from .types import Metrics
-from .work import FinishedGroup
 
 if TYPE_CHECKING:
-    from .training_step import TrainedStep
+    from ..loop.step_runner import TrainedStep
 
 
 @dataclass(frozen=True)

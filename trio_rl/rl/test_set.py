@@ -5,12 +5,12 @@ from __future__ import annotations
 import trio
 from tinker import types as tinker_types
 
-from .backends.protocol import SamplingClient
-from .determinism import derive_seed
-from .errors import GroupFailedError
+from ..backends.protocol import SamplingClient
+from ..errors import GroupFailedError
+from ..loop.determinism import derive_seed
+from ..types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from .metrics import trajectory_metrics
 from .rollouts import ErrorStrategy, FailFast, ParamsPerCall, SamplingPolicy, TokenPolicy, do_group_rollout
-from .types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 
 
 class RLTestSetEvaluator:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import trio
 
-from .data import split_evenly
+from ..rl.data import split_evenly
 from .determinism import settle
 from .gate import ConsumptionGate
 from .ledger import DataLedger
@@ -206,7 +206,7 @@ class Schedule(ABC):
 
         On-policy, the next version needs the item's own group, so it cannot be
         published while the item starts: the version is fixed, and no
-        :func:`~trio_rl.determinism.settle` is needed to choose it.
+        :func:`~trio_rl.loop.determinism.settle` is needed to choose it.
         """
         return self.staleness_limit == 0 and not self.back_edge
 

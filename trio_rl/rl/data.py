@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from tinker import types as tinker_types
 
-from . import _tinker_compat as compat
-from .types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
+from .. import _tinker_compat as compat
+from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
 

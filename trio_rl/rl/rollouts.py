@@ -38,12 +38,12 @@ import outcome
 import trio
 from tinker import types as tinker_types
 
-from . import _tinker_compat as compat
-from .asyncio_bridge import call_user, current_runner
-from .backends.protocol import SamplingClient
-from .determinism import derive_seed, settle
-from .errors import GroupFailedError
-from .types import (
+from .. import _tinker_compat as compat
+from ..asyncio_bridge import call_user, current_runner
+from ..backends.protocol import SamplingClient
+from ..errors import GroupFailedError
+from ..loop.determinism import derive_seed, settle
+from ..types import (
     ActionExtra,
     Env,
     EnvGroupBuilder,

@@ -11,21 +11,21 @@ from typing import Any
 
 import trio
 
+from ..asyncio_bridge import open_user_code_runner
+from ..backends.protocol import Backend, check_loss_before_work
+from ..config import Config
+from ..errors import ConfigError, one_per_fault
+from ..rl.metrics import MetricsLog, merge_by_step
+from ..rl.rollouts import ParamsPerCall
+from ..rl.step_metrics import TokenCounts
+from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
-from .asyncio_bridge import open_user_code_runner
-from .backends.protocol import Backend, check_loss_before_work
-from .checkpoint import CheckpointLog, CheckpointRecord
-from .config import Config
-from .errors import ConfigError, one_per_fault
+from .checkpoints import CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
 from .jsonl import read_records
-from .metrics import MetricsLog, merge_by_step
 from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
-from .rollouts import ParamsPerCall
-from .schedule import Schedule
-from .step_metrics import TokenCounts
-from .training_step import StepRunner
-from .types import EnvGroupBuilder, RLDataset
+from .schedules import Schedule
+from .step_runner import StepRunner
 from .weights import LatestWeights
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import trio
 
-from .backends.protocol import TrainingClient
+from ..backends.protocol import TrainingClient
 from .jsonl import DamagedFileError, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights

@@ -7,10 +7,10 @@ from typing import Protocol
 
 import trio
 
-from .asyncio_bridge import call_evaluator
-from .backends.protocol import SamplingClient
-from .errors import EvaluationTimeoutError
-from .types import Metrics
+from ..asyncio_bridge import call_evaluator
+from ..backends.protocol import SamplingClient
+from ..errors import EvaluationTimeoutError
+from ..types import Metrics
 
 
 class SamplingClientEvaluator(Protocol):

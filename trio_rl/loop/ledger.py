@@ -1,7 +1,7 @@
 """The data ledger: which dataset items a run has handed out and not yet trained or dropped.
 
 The trainer task owns it. The dataloader never writes to it: it sends a
-:class:`~trio_rl.work.Handout` note for every item it hands out, and the ledger
+:class:`~trio_rl.loop.work.Handout` note for every item it hands out, and the ledger
 reads those notes (without waiting) before it is consulted. The dataloader
 sends a note before the item itself, so an item that reaches the trainer is
 always already in the ledger once the notes are read.

@@ -12,10 +12,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.protocol import Backend, TrainingClient
-from .checkpoint import CheckpointLog, CheckpointRecord
-from .config import Config
-from .errors import ConfigError
+from ..backends.protocol import Backend, TrainingClient
+from ..config import Config
+from ..errors import ConfigError
+from .checkpoints import CheckpointLog, CheckpointRecord
 from .jsonl import RunFolderWarning, read_records, rewrite_records
 from .work import ItemKey
 

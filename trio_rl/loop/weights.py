@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import trio
 
-from .backends.protocol import SamplingClient
+from ..backends.protocol import SamplingClient
 
 
 class LatestWeights:

@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 
 import trio
 
-from . import _tinker_compat as compat
+from .. import _tinker_compat as compat
+from ..sinks import JsonlSink
+from ..types import Metrics, RolloutError, TrajectoryGroup
 from .rollouts import is_initial_overflow
-from .sinks import JsonlSink
-from .types import Metrics, RolloutError, TrajectoryGroup
 
 GOOD_REWARD_THRESHOLD = 0.5
 """A constant-reward group counts as all good at or above this reward, else all bad."""

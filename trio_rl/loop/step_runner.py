@@ -9,11 +9,11 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from .backends.protocol import PendingResult, TrainingClient
-from .data import without_mask
-from .kl import incorporate_kl_penalty
-from .schedule import StepPlan
-from .types import Metrics
+from ..backends.protocol import PendingResult, TrainingClient
+from ..rl.data import without_mask
+from ..rl.kl import incorporate_kl_penalty
+from ..types import Metrics
+from .schedules import StepPlan
 from .weights import LatestWeights
 from .work import FinishedGroup
 

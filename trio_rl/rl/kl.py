@@ -19,8 +19,8 @@ import numpy as np
 import trio
 from tinker import types as tinker_types
 
-from . import _tinker_compat as compat
-from .backends.protocol import SamplingClient
+from .. import _tinker_compat as compat
+from ..backends.protocol import SamplingClient
 from .data import MASK_KEY
 
 

@@ -14,7 +14,7 @@ closes it. The end of data needs no bookkeeping: the dataloader closes
 trainer sees ``EndOfChannel``, trains what it holds, and closes the
 evaluator's channel. Any exception cancels the whole nursery.
 
-What differs between modes comes from the run's :class:`~trio_rl.schedule.Schedule`:
+What differs between modes comes from the run's :class:`~trio_rl.loop.schedules.Schedule`:
 the dataloader asks it how to admit each item, and the trainer trains the
 plans its planner makes. The stages below appear in the order data flows
 through them: :func:`dataloader` (with its :class:`WorkerPool`),
@@ -32,19 +32,13 @@ from typing import Any
 
 import trio
 
-from .backends.protocol import SamplingClient, TrainingClient
-from .checkpoint import CheckpointKeeper, CheckpointLog, CheckpointRecord
-from .data import assemble_training_data
-from .determinism import derive_seed, settle
-from .errors import NonFiniteError
-from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
-from .gate import ConsumptionGate
-from .kl import reference_logprob_diffs
-from .ledger import DataLedger
-from .metrics import GroupSummary, MetricsLog
-from .rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
-from .schedule import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
-from .step_metrics import (
+from ..backends.protocol import SamplingClient, TrainingClient
+from ..errors import NonFiniteError
+from ..rl.data import assemble_training_data
+from ..rl.kl import reference_logprob_diffs
+from ..rl.metrics import GroupSummary, MetricsLog
+from ..rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
+from ..rl.step_metrics import (
     RunCounts,
     TokenCounts,
     group_metrics,
@@ -52,8 +46,14 @@ from .step_metrics import (
     step_tokens,
     trained_step_metrics,
 )
-from .training_step import StepRunner, TrainedStep
-from .types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
+from ..types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
+from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
+from .determinism import derive_seed, settle
+from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
+from .gate import ConsumptionGate
+from .ledger import DataLedger
+from .schedules import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
+from .step_runner import StepRunner, TrainedStep
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from .metrics import GroupSummary
-from .types import EnvGroupBuilder, RolloutError
+from ..rl.metrics import GroupSummary
+from ..types import EnvGroupBuilder, RolloutError
 
 
 @dataclass(frozen=True, order=True)
@@ -46,7 +46,7 @@ class WorkItem:
 class FinishedGroup:
     """A sampled group with the weights version it was sampled from.
 
-    It keeps its trajectories' :class:`~trio_rl.metrics.GroupSummary` rather
+    It keeps its trajectories' :class:`~trio_rl.rl.metrics.GroupSummary` rather
     than the trajectories: the data it trains on is built already, and at
     thousands of groups per step, waiting trajectories were most of what the
     garbage collector had to walk.

@@ -38,19 +38,19 @@ from typing import IO, Any, Literal, Self, TypeVar
 import trio
 import tyro
 
-from .backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
-from .checkpoint import CheckpointLog
-from .config import AsyncConfig, Config, StreamMinibatchConfig
-from .errors import ConfigError
-from .evaluation import SamplingClientEvaluator
-from .gc_policy import tune_gc_for_training
-from .kl import KLReferenceConfig
+from ..backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
+from ..config import AsyncConfig, Config, StreamMinibatchConfig
+from ..errors import ConfigError
+from ..loop.checkpoints import CheckpointLog
+from ..loop.evaluation import SamplingClientEvaluator
+from ..loop.gc_policy import tune_gc_for_training
+from ..loop.train import RunHandle, TrainResult, train
+from ..rl.kl import KLReferenceConfig
+from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from ..sinks import MetricsSink, SinkName, close_sinks, open_sinks
+from ..types import RLDataset
 from .plotting import write_curves
 from .progress import REWARD_KEY, RunProgress
-from .rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
-from .sinks import MetricsSink, SinkName, close_sinks, open_sinks
-from .train import RunHandle, TrainResult, train
-from .types import RLDataset
 
 EXIT_OK = 0
 EXIT_CONFIG_ERROR = 2
@@ -354,7 +354,7 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
     """
     if args.backend == "local":
         try:
-            from .backends.local import CharTokenizer, LocalBackend, ModelConfig
+            from ..backends.local import CharTokenizer, LocalBackend, ModelConfig
         except ImportError as error:
             raise ConfigError("backend", f"local needs torch: pip install 'trio_rl[local]' ({error})") from error
 
@@ -371,7 +371,7 @@ def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyToken
     if args.backend == "tinker":
         if not args.model:
             raise ConfigError("model", "--backend tinker needs --model <base model name>, e.g. meta-llama/Llama-3.2-1B")
-        from .backends.tinker import TinkerBackend
+        from ..backends.tinker import TinkerBackend
 
         lazy = LazyTokenizer()
         return _BindTokenizer(TinkerBackend(base_url=args.base_url), lazy), lazy

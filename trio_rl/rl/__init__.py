@@ -1,0 +1,1 @@
+"""RL data: rollouts, advantages and Datum assembly, the KL penalty, and metrics."""
