@@ -64,7 +64,6 @@ CONFIG = Config(
     max_tokens=6,  # a bare number needs 2-3 with end-of-turn
     max_steps=60,
     eval_every=5,
-    save_every=20,
     save_on_cancel=True,  # Ctrl-C saves the last completed step
 )
 """Where this example departs from Config's defaults; every Config field is also a flag (``--model``)."""

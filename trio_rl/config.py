@@ -156,11 +156,7 @@ class Config:
     @property
     def mode(self) -> Literal["sync", "stream", "async"]:
         """Which training loop the configuration selects."""
-        if self.async_config is not None:
-            return "async"
-        if self.stream_minibatch_config is not None:
-            return "stream"
-        return "sync"
+        return "async" if self.async_config else "stream" if self.stream_minibatch_config else "sync"
 
     def schedule(self, dataset_batch_size: int) -> Schedule:
         """The schedule of the mode this configuration selects.
