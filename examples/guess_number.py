@@ -72,8 +72,6 @@ class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
     config: Config = CONFIG
-    groups_per_batch: int = 8
-    group_size: int = 8
     max_turns: int = 4
     """most guesses per game; each wrong one is answered with higher or lower"""
     format_reward: float = 0.05

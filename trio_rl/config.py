@@ -72,7 +72,7 @@ class AsyncConfig:
 class Config:
     """Everything a run needs besides its dataset, backend and evaluators.
 
-    Each field's docstring is also its help on the command line (:mod:`trio_rl.cli`), where it is a flag.
+    A field's docstring is also the help of its flag on the command line (:mod:`trio_rl.cli.config_flags`).
     """
 
     log_path: Path | str
