@@ -169,3 +169,22 @@ def test_the_mode_flags_build_configs_structured_fields() -> None:
     assert make_config(parse_args(CommonArgs, ["--mode", "sync"])).mode == "sync"
     # The command line's own Config: Config's defaults, a run folder, an end, and Ctrl-C saving.
     assert _changed(args.config) == {"log_path": "runs/example", "max_steps": 100, "save_on_cancel": True}
+
+
+def test_without_a_default_config_the_fields_own_defaults_apply_and_log_path_is_required(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import tyro
+
+    from trio_rl.cli import CONFIG_FLAGS
+
+    @dataclass
+    class Bare:
+        config: Config
+
+    with CONFIG_FLAGS:
+        parsed = tyro.cli(Bare, args=["--log-path", "run", "--max-steps", "None", "--seed", "3"])
+        assert parsed.config == Config(log_path="run", max_steps=None, seed=3)
+        with pytest.raises(SystemExit) as stop:
+            tyro.cli(Bare, args=[])
+    assert stop.value.code == 2 and "--log-path" in capsys.readouterr().err

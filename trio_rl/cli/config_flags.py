@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tyro
-from tyro.constructors import MISSING_NONPROP, ConstructorRegistry, StructConstructorSpec, StructFieldSpec
+from tyro.constructors import (
+    MISSING_NONPROP,
+    ConstructorRegistry,
+    StructConstructorSpec,
+    StructFieldSpec,
+    StructTypeInfo,
+)
 
 from ..config import LOSS_FNS, Config
 
@@ -30,12 +36,15 @@ NOT_FLAGS = frozenset({"async_config", "stream_minibatch_config", "rollout_error
 FLAG_NAMES = {"base_model": "model"}
 """Flags named otherwise than their field."""
 FLAG_TYPES: dict[str, Any] = {"log_path": Path, "loss_fn": Literal.__getitem__(LOSS_FNS), "max_steps": int}
-"""Narrower types on the command line: a path, the losses as choices, and a finite run (examples size
-their data by it)."""
+"""Narrower types on the command line: a path, the losses as choices, and a finite run where the default
+is one (examples size their data by it)."""
 
 
-def config_rule(info: tyro.constructors.StructTypeInfo) -> StructConstructorSpec | None:
+def config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
     """tyro's rule for a :class:`Config`: its fields as flags without a prefix, defaults from the Config given.
+
+    Args:
+        info: the type tyro is about to parse, and its default (a Config, for the defaults).
 
     Returns:
         How tyro builds a Config from flags, or None for any other type.
@@ -46,12 +55,7 @@ def config_rule(info: tyro.constructors.StructTypeInfo) -> StructConstructorSpec
     types = typing.get_type_hints(Config)
     docs = field_docs(Config)
     fields = tuple(
-        StructFieldSpec(
-            name=f.name,
-            type=_flag_type(f.name, types[f.name]),
-            default=getattr(default, f.name) if default is not None else _field_default(f),
-            helptext=docs.get(f.name),
-        )
+        _flag(f, default, types[f.name], docs.get(f.name))
         for f in dataclasses.fields(Config)
         if f.name not in NOT_FLAGS
     )
@@ -67,13 +71,17 @@ CONFIG_FLAGS = ConstructorRegistry()
 CONFIG_FLAGS.struct_rule(config_rule)
 
 
-def _flag_type(name: str, annotation: Any) -> Any:
+def _flag(f: dataclasses.Field[Any], config: Config | None, annotation: Any, helptext: str | None) -> StructFieldSpec:
+    """The flag of Config's field ``f``, its default taken from ``config`` (None: the field's own)."""
+    if config is not None:
+        default = getattr(config, f.name)
+    else:
+        default = f.default if f.default is not dataclasses.MISSING else MISSING_NONPROP
+    # A None default keeps the field's own type, so that None stays a choice.
+    flag_type = annotation if default is None else FLAG_TYPES.get(f.name, annotation)
     # No prefix: the flag is --learning-rate wherever the Config sits in the flags.
-    return Annotated[FLAG_TYPES.get(name, annotation), tyro.conf.arg(name=FLAG_NAMES.get(name), prefix_name=False)]
-
-
-def _field_default(f: dataclasses.Field[Any]) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else MISSING_NONPROP
+    spec: Any = Annotated[flag_type, tyro.conf.arg(name=FLAG_NAMES.get(f.name), prefix_name=False)]
+    return StructFieldSpec(name=f.name, type=spec, default=default, helptext=helptext)
 
 
 @functools.cache
@@ -81,12 +89,16 @@ def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of the dataclass ``cls``, as plain text on one line.
 
     Args:
-        cls: a class whose source is available.
+        cls: a dataclass.
 
     Returns:
-        Field name to its docstring, for the fields that have one.
+        Field name to its docstring, for the fields that have one (none without the source).
     """
-    (tree,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # no source, e.g. an install without .py files: flags without help
+        return {}
+    (tree,) = ast.parse(textwrap.dedent(source)).body
     assert isinstance(tree, ast.ClassDef)
     docs: dict[str, str] = {}
     for node, after in zip(tree.body, tree.body[1:], strict=False):
