@@ -39,6 +39,7 @@ if __name__ == "__main__":
 from tinker import types as tinker_types
 
 from trio_rl import (
+    Config,
     Env,
     EnvGroupBuilder,
     Metrics,
@@ -58,24 +59,27 @@ ALPHABET = "0123456789+="
 
 # ---------------------------------------------------------------- configuration
 
+CONFIG = Config(
+    log_path="runs/arithmetic",
+    learning_rate=1e-3,  # a tiny model trained from scratch: ten times Config's fine-tuning rate
+    max_tokens=1,  # one digit (Tinker's tokenizer gets at least 4, see build)
+    max_steps=600,
+    eval_every=50,
+    save_every=100,
+    save_on_cancel=True,  # Ctrl-C saves the last completed step
+)
+"""Where this example departs from Config's defaults; every Config field is also a flag (``--learning-rate``)."""
+
 
 @dataclass
 class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
-    log_path: str = "runs/arithmetic"
+    config: Config = CONFIG
     groups_per_batch: int = 16
     """problems per training step"""
     group_size: int = 16
     """answers sampled per problem"""
-    max_tokens: int = 1
-    """tokens per answer (LocalBackend: one digit; Tinker gets at least 4)"""
-    max_steps: int = 600
-    """training steps"""
-    eval_every: int = 50
-    """evaluate greedy accuracy every N steps"""
-    save_every: int = 100
-    """save a resumable checkpoint every N steps"""
     max_sum: int = 9
     """problems are a+b with a, b >= 0 and a+b <= max_sum (9: one-digit answers)"""
     near_miss_reward: float = 0.5
@@ -197,7 +201,7 @@ class AdditionDataset(RLDataset):
         return self.num_batches
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        rng = random.Random(derive_seed(self.args.seed, "arithmetic", index))
+        rng = random.Random(derive_seed(self.args.config.seed, "arithmetic", index))
         builders = []
         for _ in range(self.args.groups_per_batch):
             total = rng.randint(0, self.args.max_sum)
@@ -211,10 +215,10 @@ class AdditionDataset(RLDataset):
 class AccuracyEvaluator:
     """Greedy accuracy on every problem of the task (a fixed set: the task has no unseen problems)."""
 
-    def __init__(self, renderer: Renderer, args: Args) -> None:
+    def __init__(self, renderer: Renderer, max_sum: int, max_tokens: int) -> None:
         self.renderer = renderer
-        self.problems = problems(args.max_sum)
-        self.max_tokens = args.max_tokens
+        self.problems = problems(max_sum)
+        self.max_tokens = max_tokens
 
     async def __call__(self, sampling_client: SamplingClient) -> dict[str, float]:
         import trio
@@ -240,13 +244,15 @@ class AccuracyEvaluator:
 
 def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
     """The dataset and the evaluator of a run with these flags."""
+    max_tokens = args.config.max_tokens
     if args.backend == "tinker":
         # A real tokenizer may split a number and needs a newline to end it.
-        args.max_tokens = max(args.max_tokens, 4)
+        max_tokens = max(max_tokens, 4)
     renderer = Renderer(tokenizer)
     # Enough batches for every step even when groups are requeued; max_steps ends the run.
-    dataset = AdditionDataset(args, renderer, num_batches=4 * args.max_steps + 8)
-    return Experiment(dataset, [AccuracyEvaluator(renderer, args)], curve_keys=("eval/accuracy",))
+    dataset = AdditionDataset(args, renderer, num_batches=4 * args.config.max_steps + 8)
+    evaluator = AccuracyEvaluator(renderer, args.max_sum, max_tokens)
+    return Experiment(dataset, [evaluator], curve_keys=("eval/accuracy",), config_overrides={"max_tokens": max_tokens})
 
 
 def main(argv: Sequence[str] | None = None, **defaults: Any) -> int:

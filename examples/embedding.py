@@ -16,6 +16,7 @@ The environment is the one of ``examples/arithmetic.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from collections.abc import Sequence
@@ -35,16 +36,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import arithmetic
 
-from trio_rl import CheckpointLog, ConfigError, RunHandle, train
+from trio_rl import CheckpointLog, Config, ConfigError, RunHandle, train
 from trio_rl.cli import config_error_leaves, make_backend, make_config, parse_args
+
+CONFIG = dataclasses.replace(
+    arithmetic.CONFIG,
+    log_path="runs/embedding",
+    max_steps=1000,
+    eval_every=0,  # the host passes no evaluators: only the final weights' record
+)
+"""The arithmetic example's configuration, in its own folder and with room for 1000 steps."""
 
 
 @dataclass
 class Args(arithmetic.Args):
     """The arithmetic example's flags, plus when to stop."""
 
-    log_path: str = "runs/embedding"
-    max_steps: int = 1000
+    config: Config = CONFIG
     threshold: float = 0.5
     """stop once a step's mean reward reaches this"""
     stop_after: int = 200
@@ -57,8 +65,8 @@ async def host(args: Args) -> dict[str, Any]:
     """Run training inside this program, watch it, and stop it; return what was seen."""
     backend, tokenizer = make_backend(args, alphabet=arithmetic.ALPHABET)
     renderer = arithmetic.Renderer(tokenizer)
-    dataset = arithmetic.AdditionDataset(args, renderer, num_batches=4 * args.max_steps + 8)
-    config = make_config(args, eval_every=0)
+    dataset = arithmetic.AdditionDataset(args, renderer, num_batches=4 * args.config.max_steps + 8)
+    config = make_config(args)
     seen: dict[str, Any] = {"steps": 0, "best_reward": 0.0, "stopped_because": "the run ended", "heartbeats": 0}
 
     async def heartbeat() -> None:
@@ -91,7 +99,7 @@ async def host(args: Args) -> dict[str, Any]:
                 break
         # Stops the run (and the heartbeat): everything in this nursery is cancelled.
         nursery.cancel_scope.cancel()
-    checkpoint = CheckpointLog(Path(args.log_path)).last()
+    checkpoint = CheckpointLog(config.log_path).last()
     seen["checkpoint"] = (
         None if checkpoint is None else f"step {checkpoint.step} ({checkpoint.reason}) at {checkpoint.state_path}"
     )

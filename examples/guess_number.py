@@ -35,8 +35,18 @@ if __name__ == "__main__":
 
 from tinker import types as tinker_types
 
-from trio_rl import Env, EnvGroupBuilder, Observation, RLDataset, SamplingClient, StepResult, StopCondition, derive_seed
-from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, LossFn, run_example
+from trio_rl import (
+    Config,
+    Env,
+    EnvGroupBuilder,
+    Observation,
+    RLDataset,
+    SamplingClient,
+    StepResult,
+    StopCondition,
+    derive_seed,
+)
+from trio_rl.cli import CommonArgs, Experiment, LazyTokenizer, run_example
 
 ALPHABET = "0123456789 :abcdeghilorsuw"
 """Digits and the letters of "guess", "higher", "lower" (LocalBackend's character tokenizer)."""
@@ -44,21 +54,24 @@ ALPHABET = "0123456789 :abcdeghilorsuw"
 
 # ---------------------------------------------------------------- configuration
 
+CONFIG = Config(
+    log_path="runs/guess_number",
+    learning_rate=2e-3,  # a tiny model trained from scratch
+    loss_fn="ppo",
+    max_tokens=2,  # a guess is a digit and end-of-sequence
+    max_steps=150,
+    eval_every=25,
+    save_every=50,
+    save_on_cancel=True,  # Ctrl-C saves the last completed step
+)
+"""Where this example departs from Config's defaults; every Config field is also a flag (``--learning-rate``)."""
+
 
 @dataclass
 class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
-    log_path: str = "runs/guess_number"
-    groups_per_batch: int = 8
-    group_size: int = 8
-    learning_rate: float = 2e-3
-    loss_fn: LossFn = "ppo"
-    max_tokens: int = 2
-    """tokens per guess: a digit and end-of-sequence"""
-    max_steps: int = 150
-    eval_every: int = 25
-    save_every: int = 50
+    config: Config = CONFIG
     max_turns: int = 4
     """most guesses per game; each wrong one is answered with higher or lower"""
     format_reward: float = 0.05
@@ -172,7 +185,7 @@ class GuessDataset(RLDataset):
         return self.num_batches
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        rng = random.Random(derive_seed(self.args.seed, "guess_number", index))
+        rng = random.Random(derive_seed(self.args.config.seed, "guess_number", index))
         return [
             GuessGroupBuilder(rng.randrange(10), self.args, self.dialogue) for _ in range(self.args.groups_per_batch)
         ]
@@ -193,7 +206,7 @@ class WinRateEvaluator:
             ob, stop = await env.initial_observation()
             while True:
                 params = tinker_types.SamplingParams(
-                    max_tokens=self.args.max_tokens, temperature=0.0, stop=stop, seed=0
+                    max_tokens=self.args.config.max_tokens, temperature=0.0, stop=stop, seed=0
                 )
                 response = await sampling_client.sample(ob, 1, params)
                 result = await env.step(list(response.sequences[0].tokens))
@@ -211,7 +224,7 @@ class WinRateEvaluator:
 def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
     """The dataset and the evaluator of a run with these flags."""
     dialogue = Dialogue(tokenizer)
-    dataset = GuessDataset(args, dialogue, num_batches=4 * args.max_steps + 8)
+    dataset = GuessDataset(args, dialogue, num_batches=4 * args.config.max_steps + 8)
     return Experiment(dataset, [WinRateEvaluator(args, dialogue)], curve_keys=("eval/win_rate",))
 
 

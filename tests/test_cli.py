@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -21,19 +22,23 @@ from trio_rl.loop.checkpoints import CheckpointLog
 ROOT = Path(__file__).resolve().parent.parent
 
 
+EXAMPLE_CONFIG = Config(log_path="runs/test", max_steps=7, save_on_cancel=True)
+
+
 @dataclass
 class ExampleArgs(CommonArgs):
-    max_steps: int = 7
+    config: Config = EXAMPLE_CONFIG
     depth: int = 3
     """an example's own flag"""
 
 
 def test_flags_come_from_the_dataclass_and_overrides_only_change_defaults() -> None:
     args = parse_args(ExampleArgs, [])
-    assert args.max_steps == 7 and args.depth == 3 and args.progress is True and args.model is None
+    assert args.config == EXAMPLE_CONFIG and args.depth == 3 and args.progress is True
     args = parse_args(ExampleArgs, ["--depth", "5", "--no-progress", "--learning-rate", "0.5"], max_steps=2)
-    assert args.depth == 5 and args.progress is False and args.learning_rate == 0.5 and args.max_steps == 2
-    assert parse_args(ExampleArgs, ["--max-steps", "9"], max_steps=2).max_steps == 9
+    assert args.depth == 5 and args.progress is False
+    assert args.config == dataclasses.replace(EXAMPLE_CONFIG, learning_rate=0.5, max_steps=2)
+    assert parse_args(ExampleArgs, ["--max-steps", "9"], max_steps=2).config.max_steps == 9
     with pytest.raises(TypeError):
         parse_args(ExampleArgs, [], no_such_field=1)
 

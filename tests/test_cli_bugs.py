@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from trio_rl import Config, KLReferenceConfig
-from trio_rl.config import AsyncConfig, StreamMinibatchConfig
+from trio_rl.config import LOSS_FNS, AsyncConfig, StreamMinibatchConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2}
@@ -80,11 +80,26 @@ def test_no_progress_turns_the_progress_lines_off(tmp_path: Path, capsys: pytest
 
 
 def _help_text(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
-    monkeypatch.setenv("COLUMNS", "250")
+    # One column of boxes: tyro sets the option groups side by side from 130 columns.
+    monkeypatch.setenv("COLUMNS", "120")
     assert exit_code(module.main, ["--help"]) == 0
     text = capsys.readouterr().out
-    # Keep the words, not the box drawing.
-    return "\n".join(line.strip(" │╭╮╰╯─") for line in text.splitlines())
+    # Keep the words and the indentation, not the box drawing (on a terminal): a flag
+    # starts a line after a space or two, its wrapped help is indented further.
+    return "\n".join(line.strip("│╭╮╰╯─").rstrip() for line in text.splitlines())
+
+
+STRUCTURED = {"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config"}
+"""Config's fields that the run's flags build (--mode, --error-strategy, --kl-reference-model)."""
+
+
+def flag_names(args: type) -> list[str]:
+    """Every flag an example's Args should offer: its own fields, and each Config field but the structured ones."""
+    own = [f.name for f in dataclasses.fields(args) if f.name != "config"]
+    of_config = [
+        {"base_model": "model"}.get(f.name, f.name) for f in dataclasses.fields(Config) if f.name not in STRUCTURED
+    ]
+    return ["--" + name.replace("_", "-") for name in own + of_config]
 
 
 @pytest.mark.parametrize("example", ["guess_number", "arithmetic"])
@@ -93,11 +108,13 @@ def test_help_shows_help_and_default_for_every_flag(
 ) -> None:
     module = load(example)
     text = _help_text(module, monkeypatch, capsys)
-    for field in dataclasses.fields(module.Args):
-        flag = "--" + field.name.replace("_", "-")
-        entry = re.search(rf"^{re.escape(flag)}\b(.*?)(?=^--|\Z)", text, re.MULTILINE | re.DOTALL)
+    flags = flag_names(module.Args)
+    # No other flag either (no --config.* prefix, no subcommand for a structured field).
+    assert set(re.findall(r"^ {1,2}(--[a-z][a-z0-9-]*)", text, re.MULTILINE)) == set(flags)
+    for flag in flags:
+        entry = re.search(rf"^ {{1,2}}{re.escape(flag)}\b(.*?)(?=^ {{1,2}}--|\Z)", text, re.MULTILINE | re.DOTALL)
         assert entry is not None, f"{flag} missing from --help"
-        body = entry.group(1)
+        body = " ".join(entry.group(1).split())  # unwrapped
         assert "(default: " in body, f"{flag} shows no default"
         words = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b[A-Z]+\b|\(default: [^)]*\)|,|--no-[a-z-]+", " ", body)
         assert re.search(r"[a-z]{3,}", words), f"{flag} has no help text: {body!r}"
@@ -109,7 +126,9 @@ def test_enum_like_flags_offer_their_choices(
     text = _help_text(load("guess_number"), monkeypatch, capsys)
     assert "{sync,stream,async}" in text
     assert "{requeue,pace}" in text
-    assert "{importance_sampling,ppo,cispo,dro,cross_entropy}" in text
+    # The losses Config.validate accepts, as the installed tinker SDK lists them.
+    assert "{" + ",".join(LOSS_FNS) + "}" in text
+    assert {"importance_sampling", "ppo", "cispo", "dro", "cross_entropy"} <= set(LOSS_FNS)
 
 
 NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [

@@ -1,0 +1,172 @@
+"""The examples' flags: a :class:`~trio_rl.Config` whose every field is a flag, and the run's own flags.
+
+Config's fields become flags as :mod:`trio_rl.cli.config_flags` says, so their names,
+help and checks are written once, in Config. The flags declared here are the command
+line's own: the shape of a run (``--mode``, ``--groups-per-batch``, ``--group-size``),
+which build Config's structured fields; the backend; and what the run shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import tyro
+
+from ..config import AsyncConfig, Config, StreamMinibatchConfig
+from ..errors import ConfigError
+from ..rl.kl import KLReferenceConfig
+from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from ..sinks import SinkName
+from .config_flags import CONFIG_FLAGS
+
+A = TypeVar("A", bound="CommonArgs")
+
+COMMAND_LINE_CONFIG = Config(log_path="runs/example", max_steps=100, save_on_cancel=True)
+"""The Config of :class:`CommonArgs`: Config's defaults, plus what a command line needs (a run folder, an
+end, and Ctrl-C saving the last completed step)."""
+
+
+@dataclass
+class CommonArgs:
+    """Flags every example understands; an example subclasses it to add its own and to set its defaults.
+
+    ``config`` is the run's :class:`~trio_rl.Config`; an example gives its own as the
+    field's default (``config: Config = CONFIG``), and every Config field is a flag.
+    The run's flags below build Config's structured fields: ``--mode`` with its flags
+    the mode section, ``--error-strategy`` with its flags ``rollout_error_tolerance``,
+    and ``--kl-reference-model`` ``kl_reference_config``.
+    """
+
+    config: Config = COMMAND_LINE_CONFIG
+    """the run's configuration; the example's own Config gives the defaults"""
+    mode: Literal["sync", "stream", "async"] = "async"
+    """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
+    staleness: Literal["requeue", "pace"] = "pace"
+    """async only: pace sampling so no group gets more than K steps stale (tinker-cookbook 0.6.1), or requeue staler ones (0.5.5)"""
+    max_steps_off_policy: int = 1
+    """async only: K, how many steps stale a trained group may be"""
+    num_minibatches: int = 2
+    """stream only: minibatches per step (must divide --groups-per-batch)"""
+    groups_per_batch: int = 8
+    """groups (problems) per training step"""
+    group_size: int = 8
+    """samples per group; rewards are centred within a group"""
+    error_strategy: Literal["fail-fast", "retry", "min-viable"] = "fail-fast"
+    """what a failed rollout does: fail the run, retry it, or keep a group with --min-successful rollouts"""
+    max_retries: int = 3
+    """retry and min-viable: retries for the whole group (one budget, as in tinker-cookbook)"""
+    per_rollout_timeout: float | None = None
+    """retry and min-viable: seconds one rollout attempt may take (None: no limit)"""
+    min_successful: int | None = None
+    """min-viable: the fewest successful rollouts that keep a group (None: ceil(0.75 * group size))"""
+    kl_reference_model: str | None = None
+    """with a KL penalty: the reference model (None: the --model being trained, as it started)"""
+    backend: Literal["local", "tinker"] = "local"
+    """local (torch, in-process) or tinker (the Tinker service)"""
+    base_url: str | None = None
+    """tinker: service URL (None: TINKER_BASE_URL or the SDK's default)"""
+    d_model: int = 64
+    """local: transformer width"""
+    n_layers: int = 2
+    """local: transformer blocks"""
+    n_heads: int = 4
+    """local: attention heads"""
+    max_seq_len: int = 64
+    """local: longest sequence the model accepts"""
+    progress: bool = True
+    """show progress on stderr (a bar on a terminal, a line every --progress-every steps elsewhere)"""
+    progress_every: int = 10
+    """steps between progress lines when stderr is not a terminal"""
+    log_to: tuple[SinkName, ...] = ()
+    """also log every metrics.jsonl record to these (extras trio_rl[tensorboard], trio_rl[wandb])"""
+    wandb_project: str = "trio_rl"
+    """wandb: the project"""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """wandb: offline writes the run under --log-path/wandb (upload later with wandb sync); online uploads live"""
+    debug: bool = False
+    """on a failure, print the whole traceback (it is always written to error.log in --log-path)"""
+
+
+def parse_args(cls: type[A], argv: Sequence[str] | None = None, *, description: str = "", **defaults: Any) -> A:
+    """Parse ``argv`` into ``cls`` with tyro: each field is a ``--flag-name``, booleans also get ``--no-flag``.
+
+    Every field of ``cls``'s :class:`~trio_rl.Config` is a flag too (see :mod:`trio_rl.cli.config_flags`).
+
+    Args:
+        cls: a dataclass deriving from :class:`CommonArgs`.
+        argv: the arguments (``None``: ``sys.argv[1:]``).
+        description: the ``--help`` header.
+        **defaults: replace defaults, of ``cls``'s fields or of its Config's (flags in
+            ``argv`` still win, ``--help`` shows them); tests use this to shrink a run.
+
+    Returns:
+        The parsed arguments as an instance of ``cls``.
+
+    Raises:
+        TypeError: for a default naming no field of ``cls`` or of :class:`~trio_rl.Config`, or a field
+            of ``cls`` named like a Config field (its flag and default belong to the Config).
+        SystemExit: code 2 for an invalid flag (after printing why), 0 after ``--help``.
+    """
+    config_names = {f.name for f in dataclasses.fields(Config)}
+    redeclared = sorted(config_names & {f.name for f in dataclasses.fields(cls)})
+    if redeclared:
+        raise TypeError(
+            f"{cls.__name__}.{redeclared[0]} is a Config field, so already a flag; "
+            f"set its default in the Config that {cls.__name__}.config defaults to"
+        )
+    default = cls(**{name: value for name, value in defaults.items() if name not in config_names})
+    config_defaults = {name: value for name, value in defaults.items() if name in config_names}
+    default.config = dataclasses.replace(default.config, **config_defaults)
+    with CONFIG_FLAGS:
+        return tyro.cli(cls, args=argv, description=description, default=default)
+
+
+def make_config(args: CommonArgs, **overrides: Any) -> Config:
+    """The run's :class:`Config`: ``args.config`` with the structured fields the run's flags build.
+
+    Args:
+        args: the parsed flags.
+        **overrides: set any field directly.
+
+    Raises:
+        ConfigError: for a group size or batch below 1, an unknown mode, or invalid
+            error-strategy flags (the rest is checked by :meth:`Config.validate`).
+    """
+    for name in ("group_size", "groups_per_batch"):
+        if getattr(args, name) < 1:
+            raise ConfigError(
+                name, f"must be at least 1, got {getattr(args, name)} (a step of no groups trains nothing)"
+            )
+    config = args.config
+    reference = args.kl_reference_model or config.base_model
+    structured: dict[str, Any] = {
+        "rollout_error_tolerance": _error_strategy(args),
+        "kl_reference_config": KLReferenceConfig(reference) if config.kl_penalty_coef > 0 else None,
+        "async_config": None,
+        "stream_minibatch_config": None,
+    }
+    # The --mode flag picks which of Config's mode sections is set; Config builds the schedule.
+    match args.mode:
+        case "async":
+            structured["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
+        case "stream":
+            structured["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
+        case "sync":
+            pass
+        case other:
+            raise ConfigError("mode", f"unknown mode {other!r}; use sync, stream or async")
+    return dataclasses.replace(config, **{**structured, **overrides})
+
+
+def _error_strategy(args: CommonArgs) -> ErrorStrategy:
+    try:
+        if args.error_strategy == "retry":
+            return RetryOnFailure(args.max_retries, args.per_rollout_timeout)
+        if args.error_strategy == "min-viable":
+            return MinViableGroup(args.min_successful, args.max_retries, args.per_rollout_timeout)
+    except ValueError as error:
+        raise ConfigError("rollout_error_tolerance", str(error)) from error
+    return FailFast()

@@ -1,0 +1,145 @@
+"""The checks behind ``Config.validate``: each names the field at fault and the fix, in one ``ConfigError``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, get_args
+
+from tinker import types as tinker_types
+
+from .asyncio_bridge import BRIDGE_MODES
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import AsyncConfig, Config, StreamMinibatchConfig
+
+LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnType) if name != "custom")
+"""Every loss the installed tinker SDK's ``LossFnType`` admits, except ``custom`` (a client-side
+loss, which needs ``forward_backward_custom``); whether a backend trains it is its own check."""
+
+
+def validate_config(config: Config, dataset_batch_size: int | None) -> None:
+    """Reject an invalid configuration, naming the field and the fix (the body of ``Config.validate``).
+
+    Raises:
+        ConfigError: for the first problem found.
+    """
+    if config.loss_fn not in LOSS_FNS:
+        raise ConfigError("loss_fn", f"unknown loss {config.loss_fn!r}; use one of {', '.join(LOSS_FNS)}")
+    _check_numbers(config)
+    _check_kl_penalty(config)
+    try:
+        config.rollout_strategy()
+    except TypeError as error:
+        raise ConfigError("rollout_error_tolerance", str(error)) from None
+    _check_mode(config, dataset_batch_size)
+    if config.asyncio_bridge not in BRIDGE_MODES:
+        raise ConfigError(
+            "asyncio_bridge", f"use one of {', '.join(map(repr, BRIDGE_MODES))}, not {config.asyncio_bridge!r}"
+        )
+    if config.load_checkpoint_path is not None and config.resume:
+        raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
+    if config.overwrite and config.resume:
+        raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
+
+
+def _check_numbers(config: Config) -> None:
+    _positive("learning_rate", config.learning_rate, "a positive float such as 1e-4")
+    _positive("max_tokens", config.max_tokens, "a positive token count")
+    _non_negative("temperature", config.temperature, "0 samples greedily")
+    _in_range("top_p", config.top_p, 0.0, 1.0, "(0, 1]; 1 disables nucleus sampling", low_open=True)
+    if not (config.top_k == -1 or config.top_k >= 1):
+        raise ConfigError("top_k", f"must be -1 (disabled) or >= 1, got {config.top_k}")
+    _positive("lora_rank", config.lora_rank, "a positive rank such as 32")
+    _in_range("adam_beta1", config.adam_beta1, 0.0, 1.0, "[0, 1), such as 0.9", high_open=True)
+    _in_range("adam_beta2", config.adam_beta2, 0.0, 1.0, "[0, 1), such as 0.95", high_open=True)
+    _positive("adam_eps", config.adam_eps, "a small positive float such as 1e-8")
+    _non_negative("weight_decay", config.weight_decay, "0 disables it")
+    _non_negative("grad_clip_norm", config.grad_clip_norm, "0 disables clipping")
+    _positive("cancel_save_timeout", config.cancel_save_timeout, "seconds, such as 60")
+    _positive("num_substeps", config.num_substeps, "1 or more")
+    _positive("eval_timeout", config.eval_timeout, "seconds, such as 1800")
+    _non_negative("eval_every", config.eval_every, "0 disables periodic evaluation")
+    _non_negative("save_every", config.save_every, "0 saves only the final state")
+    if config.max_steps is not None:
+        _non_negative("max_steps", config.max_steps, "None trains until the data runs out")
+    if config.num_workers is not None:
+        _positive("num_workers", config.num_workers, "at least 1, or None for the default")
+
+
+def _check_kl_penalty(config: Config) -> None:
+    _non_negative("kl_penalty_coef", config.kl_penalty_coef, "0 disables the KL penalty")
+    _non_negative("kl_discount_factor", config.kl_discount_factor, "0 disables discounting")
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
+        raise ConfigError(
+            "kl_reference_config",
+            "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
+        )
+    if config.kl_penalty_coef > 0 and config.loss_fn == "cross_entropy":
+        raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
+
+
+def _check_mode(config: Config, dataset_batch_size: int | None) -> None:
+    if config.async_config is not None and config.stream_minibatch_config is not None:
+        raise ConfigError(
+            "async_config", "async_config and stream_minibatch_config are exclusive; set one of them to None"
+        )
+    if config.async_config is not None:
+        config.async_config.validate(config.num_substeps)
+    if config.stream_minibatch_config is not None:
+        config.stream_minibatch_config.validate(config.num_substeps, dataset_batch_size)
+    if config.async_config is None and config.stream_minibatch_config is None and dataset_batch_size is not None:
+        _divides("dataset batch size", dataset_batch_size, "num_substeps", config.num_substeps)
+
+
+def check_stream_config(stream: StreamMinibatchConfig, num_substeps: int, dataset_batch_size: int | None) -> None:
+    """Reject stream sizes that cannot split evenly, or that differ from the dataset's batches."""
+    _positive("stream_minibatch_config.groups_per_batch", stream.groups_per_batch, "at least 1")
+    _positive("stream_minibatch_config.num_minibatches", stream.num_minibatches, "at least 1")
+    _divides(
+        "stream_minibatch_config.groups_per_batch",
+        stream.groups_per_batch,
+        "stream_minibatch_config.num_minibatches",
+        stream.num_minibatches,
+    )
+    _divides("stream_minibatch_config.num_minibatches", stream.num_minibatches, "num_substeps", num_substeps)
+    if dataset_batch_size is not None and dataset_batch_size != stream.groups_per_batch:
+        raise ConfigError(
+            "stream_minibatch_config.groups_per_batch",
+            f"is {stream.groups_per_batch} but the dataset's batches hold {dataset_batch_size} groups; make them equal",
+        )
+
+
+def check_async_config(config: AsyncConfig, num_substeps: int) -> None:
+    """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split."""
+    if config.max_steps_off_policy < 0:
+        raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {config.max_steps_off_policy}")
+    _positive("async_config.groups_per_batch", config.groups_per_batch, "at least 1 group per step")
+    if config.staleness not in ("requeue", "pace"):
+        raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {config.staleness!r}")
+    _divides("async_config.groups_per_batch", config.groups_per_batch, "num_substeps", num_substeps)
+
+
+def _positive(name: str, value: float, fix: str) -> None:
+    if not value > 0:  # also rejects NaN
+        raise ConfigError(name, f"must be > 0, got {value}; use {fix}")
+
+
+def _non_negative(name: str, value: float, fix: str) -> None:
+    if not value >= 0:  # also rejects NaN
+        raise ConfigError(name, f"must be >= 0, got {value} ({fix})")
+
+
+def _in_range(
+    name: str, value: float, low: float, high: float, fix: str, *, low_open: bool = False, high_open: bool = False
+) -> None:
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):  # also rejects NaN
+        raise ConfigError(name, f"must be in {fix}, got {value}")
+
+
+def _divides(name: str, value: int, divisor_name: str, divisor: int) -> None:
+    if value % divisor != 0:
+        raise ConfigError(
+            name, f"{value} is not divisible by {divisor_name}={divisor}; make it a multiple of {divisor}"
+        )
