@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 
 from ..backends.protocol import TrainingClient
-from .jsonl import DamagedFileError, read_records
+from .jsonl import DamagedFileError, open_for_append, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
 
@@ -68,7 +68,7 @@ class CheckpointLog:
 
     def append(self, checkpoint: CheckpointRecord) -> None:
         """Record ``checkpoint``."""
-        with self.path.open("a") as f:
+        with open_for_append(self.path) as f:
             f.write(json.dumps(asdict(checkpoint)) + "\n")
 
     def all(self, *, repair: bool = False) -> list[CheckpointRecord]:
