@@ -11,6 +11,7 @@ from trio.testing import MockClock
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import CheckpointLog, ConfigError
+from trio_rl.errors import DatasetTooShortError
 from trio_rl.loop.checkpoints import CheckpointRecord
 from trio_rl.loop.jsonl import DamagedFileError, RunFolderWarning, read_records
 from trio_rl.loop.run_folder import ResumeError, RunFolderExistsError
@@ -146,3 +147,32 @@ def test_an_append_never_glues_onto_a_last_line_without_its_newline(tmp_path: Pa
     with pytest.warns(RunFolderWarning, match="cutting its torn last line"):
         append(path, {"step": 4})
     assert [r["step"] for r in read_records(path)] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("mode", ["sync", "requeue"])
+async def test_resuming_with_a_dataset_shorter_than_the_checkpoint_fails_first_naming_both(
+    log_path: Path, mode: str, autojump_clock: MockClock
+) -> None:
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, mode, max_steps=5, save_every=1), FakeDataset(8, 4), backend)
+    before = {name: (log_path / name).read_text() for name in ("metrics.jsonl", "checkpoints.jsonl", "config.json")}
+    with pytest.raises(
+        DatasetTooShortError,
+        match=r"resume: checkpoint final \(step 5\) in .*checkpoints\.jsonl continues the dataset at batch \d, "
+        r"group \d, but the dataset has 3 batches",
+    ) as caught:
+        await run_fake(make_config(log_path, mode, resume=True), FakeDataset(3, 4), backend)
+    assert isinstance(caught.value, ConfigError) and caught.value.dataset_length == 3
+    # Refused before anything was rewritten.
+    assert {name: (log_path / name).read_text() for name in before} == before
+    assert backend.calls_of("load_state") == []
+
+
+async def test_resuming_a_finished_run_with_its_own_dataset_is_not_refused(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    # Its cursor is (len, 0): the dataset handed out to its end, which is not past it.
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    await run_fake(make_config(log_path, "sync"), FakeDataset(3, 4), backend)
+    result = await run_fake(make_config(log_path, "sync", resume=True), FakeDataset(3, 4), backend)
+    assert result.final_step == 3

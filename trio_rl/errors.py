@@ -24,6 +24,30 @@ class ConfigError(ValueError):
         self.field = field
 
 
+class DatasetTooShortError(ConfigError):
+    """A resumed run's checkpoint continues the dataset past its end.
+
+    Its dataset is not the one the run started with; raised before anything in
+    the run folder is rewritten.
+
+    Attributes:
+        checkpoint: the checkpoint's name (``%06d`` of its step, or ``"final"``).
+        cursor: the ``(batch, group)`` the checkpoint continues from, or the furthest item it still owes.
+        dataset_length: the batches the dataset has.
+    """
+
+    def __init__(self, checkpoint: str, step: int, path: str, cursor: tuple[int, int], dataset_length: int) -> None:
+        super().__init__(
+            "resume",
+            f"checkpoint {checkpoint} (step {step}) in {path} continues the dataset at batch {cursor[0]}, "
+            f"group {cursor[1]}, but the dataset has {dataset_length} batches; resume with the dataset this "
+            "run was started with, or start a new run (another log_path, or overwrite=True, --overwrite)",
+        )
+        self.checkpoint = checkpoint
+        self.cursor = cursor
+        self.dataset_length = dataset_length
+
+
 class GroupFailedError(RuntimeError):
     """An env group could not produce a usable group of trajectories.
 
