@@ -166,7 +166,12 @@ async def run_pipeline(
             runner=runner,
             ledger=ledger,
             checkpoints=CheckpointKeeper(
-                checkpoint_log, training_client, ledger, weights, shielded=trainer.save_on_cancel
+                checkpoint_log,
+                training_client,
+                ledger,
+                weights,
+                shielded=trainer.save_on_cancel,
+                cancel_save_timeout=trainer.cancel_save_timeout,
             ),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
