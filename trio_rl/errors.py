@@ -48,6 +48,26 @@ class DatasetTooShortError(ConfigError):
         self.dataset_length = dataset_length
 
 
+class BadValueError(ValueError):
+    """A value from user code that no error strategy may skip: it stops the run at once.
+
+    A retrying strategy skips and counts a group that fails; a bad value is not
+    such a failure but a defect of the env's code, and skipping it could skip
+    every group and "finish" having trained nothing.
+    """
+
+
+class EmptyGroupError(BadValueError):
+    """``EnvGroupBuilder.make_envs()`` returned no env; the message names the builder."""
+
+
+def stops_the_run(failure: BaseException) -> bool:
+    """Whether ``failure`` is, or holds, a :class:`BadValueError`: no strategy may skip its group."""
+    if isinstance(failure, BaseExceptionGroup):
+        return failure.subgroup(BadValueError) is not None
+    return isinstance(failure, BadValueError)
+
+
 class GroupFailedError(RuntimeError):
     """An env group could not produce a usable group of trajectories.
 
