@@ -9,9 +9,12 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from tests.test_rollouts import policies
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout
+from trio_rl.errors import EmptyGroupError, stops_the_run
+from trio_rl.rl.rollouts import ErrorStrategy
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec
 from trio_rl.types import Env, Metrics, Trajectory
 
@@ -135,3 +138,53 @@ async def test_fail_fast_still_ends_the_run(log_path: Path, autojump_clock: Mock
     dataset = FakeDataset(num_batches=3, batch_size=4, spec=FakeEnvSpec(fail_at={(1, 1): "step"}))
     with pytest.RaisesGroup(RuntimeError, flatten_subgroups=True):
         await run_fake(make_config(log_path, "sync", rollout_error_tolerance=FailFast()), dataset)
+
+
+class NoEnvForGroup12(FakeEnvGroupBuilder):
+    """Group (1, 2)'s make_envs returns no env: a defect of the env's code, not a rollout failure."""
+
+    async def make_envs(self) -> Sequence[Env]:
+        if self.key == (1, 2):
+            return []
+        return await super().make_envs()
+
+
+class NoEnvDataset(FakeDataset):
+    def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+        return [NoEnvForGroup12((index, g), self.spec, self.log) for g in range(self.batch_sizes[index])]
+
+
+@pytest.mark.parametrize(
+    "strategy", [FailFast(), RetryOnFailure(max_retries=2), MinViableGroup()], ids=lambda s: type(s).__name__
+)
+@pytest.mark.parametrize("mode", ["sync", "requeue"])
+async def test_a_make_envs_with_no_env_stops_the_run_under_every_strategy(
+    log_path: Path, mode: str, strategy: ErrorStrategy, autojump_clock: MockClock
+) -> None:
+    config = make_config(log_path, mode, rollout_error_tolerance=strategy)
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(EmptyGroupError, match=r"NoEnvForGroup12\.make_envs\(\) returned no envs"),
+        flatten_subgroups=True,
+    ):
+        await run_fake(config, NoEnvDataset(num_batches=6, batch_size=4))
+    # At once: the run did not go on to train the rest of the data.
+    assert [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r] in ([], [0], [0, 1])
+
+
+async def test_a_retry_whose_make_envs_returns_no_env_stops_the_group_naming_the_builder() -> None:
+    class EmptyOnRebuild(CookbookStyleBuilder):
+        async def make_envs(self) -> Sequence[Env]:
+            return await super().make_envs() if self.builds == 0 else []
+
+    builder = EmptyOnRebuild(group_size=3, failing={1}, failures=1)
+    with (
+        trio.fail_after(10),
+        pytest.RaisesGroup(
+            pytest.RaisesExc(
+                EmptyGroupError, match=r"EmptyOnRebuild\.make_envs\(\) returned no envs for a retry of env 1"
+            ),
+            flatten_subgroups=True,
+        ) as caught,
+    ):
+        await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))  # type: ignore[arg-type]
+    assert stops_the_run(caught.value)

@@ -9,7 +9,7 @@ import trio
 from tinker import types as tinker_types
 
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
-from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy
+from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
 
 
@@ -218,3 +218,38 @@ def test_only_an_overridden_cleanup_counts_as_work() -> None:
     assert _cleanup_is_a_no_op(EnvGroupBuilder)
     assert _cleanup_is_a_no_op(DuckTyped)
     assert not _cleanup_is_a_no_op(FakeEnvGroupBuilder)
+
+
+class EnvCrash(Exception):
+    pass
+
+
+async def crash() -> None:
+    raise EnvCrash("the env crashed")
+
+
+@pytest.mark.parametrize("crashing", ["the group's own task", "a rollout task"])
+async def test_a_failing_cleanup_is_raised_beside_a_crash_that_came_with_a_cancel(crashing: str) -> None:
+    # The group receives BaseExceptionGroup([EnvCrash, Cancelled]): its scope was
+    # cancelled (a stale group given up) at the instant one of its rollouts crashed.
+    builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
+    with trio.fail_after(10):
+        with pytest.RaisesGroup(EnvCrash, CleanupBroke, flatten_subgroups=True):
+            with trio.CancelScope() as given_up:
+                async with group_envs(builder):
+                    given_up.cancel()
+                    async with trio.open_nursery() as nursery:
+                        # A task's code runs until its first checkpoint: cancelled or not, it raises.
+                        nursery.start_soon(crash if crashing == "a rollout task" else trio.sleep_forever)
+                        if crashing == "the group's own task":
+                            await crash()
+                        await trio.sleep_forever()
+
+
+async def test_a_failing_cleanup_after_a_cancel_alone_is_the_one_error() -> None:
+    builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
+    with trio.fail_after(10), pytest.raises(CleanupBroke):
+        with trio.CancelScope() as cancelled:
+            async with group_envs(builder):
+                cancelled.cancel()
+                await trio.sleep_forever()

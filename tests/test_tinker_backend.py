@@ -377,6 +377,23 @@ async def test_own_service_client_is_built_and_closed_without_network(
             assert isinstance(backend.service_client, tinker.ServiceClient)
 
 
+@pytest.mark.usefixtures("no_credentials")
+async def test_a_deadline_missed_on_an_unreachable_server_names_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing listens on port 9: the real SDK retries the refused connection
+    # without end, and the deadline's error says which server did not answer.
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    timeouts = TinkerTimeouts(create_training_client=0.5, close=0.5)
+    with trio.fail_after(10):
+        async with TinkerBackend(base_url="http://127.0.0.1:9", api_key="tml-test-key", timeouts=timeouts) as backend:
+            with pytest.raises(RemoteTimeoutError) as caught:
+                await backend.create_training_client(base_model="Qwen/Qwen3-8B")
+    assert str(caught.value) == (
+        "create_lora_training_client did not complete within 0.5 s on the Tinker server at http://127.0.0.1:9 "
+        "(is it down or overloaded?)"
+    )
+    assert caught.value.server == "http://127.0.0.1:9"
+
+
 async def test_constructor_validation() -> None:
     with open_standin_service() as service:
         with pytest.raises(ValueError, match="not both"):

@@ -24,6 +24,50 @@ class ConfigError(ValueError):
         self.field = field
 
 
+class DatasetTooShortError(ConfigError):
+    """A resumed run's checkpoint continues the dataset past its end.
+
+    Its dataset is not the one the run started with; raised before anything in
+    the run folder is rewritten.
+
+    Attributes:
+        checkpoint: the checkpoint's name (``%06d`` of its step, or ``"final"``).
+        cursor: the ``(batch, group)`` the checkpoint continues from, or the furthest item it still owes.
+        dataset_length: the batches the dataset has.
+    """
+
+    def __init__(self, checkpoint: str, step: int, path: str, cursor: tuple[int, int], dataset_length: int) -> None:
+        super().__init__(
+            "resume",
+            f"checkpoint {checkpoint} (step {step}) in {path} continues the dataset at batch {cursor[0]}, "
+            f"group {cursor[1]}, but the dataset has {dataset_length} batches; resume with the dataset this "
+            "run was started with, or start a new run (another log_path, or overwrite=True, --overwrite)",
+        )
+        self.checkpoint = checkpoint
+        self.cursor = cursor
+        self.dataset_length = dataset_length
+
+
+class BadValueError(ValueError):
+    """A value from user code that no error strategy may skip: it stops the run at once.
+
+    A retrying strategy skips and counts a group that fails; a bad value is not
+    such a failure but a defect of the env's code, and skipping it could skip
+    every group and "finish" having trained nothing.
+    """
+
+
+class EmptyGroupError(BadValueError):
+    """``EnvGroupBuilder.make_envs()`` returned no env; the message names the builder."""
+
+
+def stops_the_run(failure: BaseException) -> bool:
+    """Whether ``failure`` is, or holds, a :class:`BadValueError`: no strategy may skip its group."""
+    if isinstance(failure, BaseExceptionGroup):
+        return failure.subgroup(BadValueError) is not None
+    return isinstance(failure, BadValueError)
+
+
 class GroupFailedError(RuntimeError):
     """An env group could not produce a usable group of trajectories.
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .errors import ConfigError
+from .loop.jsonl import open_for_append
 
 SinkName = Literal["tensorboard", "wandb"]
 """The optional sinks, by the name ``--log-to`` takes."""
@@ -71,7 +72,7 @@ class JsonlSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = path.open("a")
+        self._file = open_for_append(path)
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one line."""

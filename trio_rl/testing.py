@@ -73,9 +73,15 @@ class FakeTokenizer:
 
 
 def _fake_group_key(datum: tinker_types.Datum) -> tuple[int, int]:
-    """The (batch, group) a fake env wrote into the first two prompt tokens."""
-    tokens = datum.model_input.to_ints()
-    return (tokens[0] - 1, tokens[1] - 2)
+    """The (batch, group) a fake env wrote into the first two prompt tokens.
+
+    Other envs' data may be shorter (a one-token prompt answered in one token
+    gives a one-token model input): a part it lacks reads -1.
+    """
+    tokens = datum.model_input.to_ints()[:2]
+    batch = tokens[0] - 1 if len(tokens) > 0 else -1
+    group = tokens[1] - 2 if len(tokens) > 1 else -1
+    return (batch, group)
 
 
 class _FakePending:
@@ -129,7 +135,8 @@ class FakeSamplingClient:
         backend._record("compute_logprobs", self.version, prompt_len=prompt.length)
         await trio.sleep(_latency(backend.sample_latency, prompt))
         rng = random.Random(derive_seed(backend.seed, self.version, *prompt.to_ints()))
-        return [None] + [-rng.random() * 3 for _ in range(prompt.length - 1)]
+        # The first token has no logprob; an empty prompt has none at all.
+        return [None, *(-rng.random() * 3 for _ in range(prompt.length - 1))][: prompt.length]
 
 
 class FakeTrainingClient:

@@ -113,6 +113,15 @@ def service_client(skyrl_server: SkyRLServer) -> Any:
     return tinker.ServiceClient(base_url=skyrl_server.base_url, api_key=DUMMY_API_KEY)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kills_server: kills and restarts the session's server; runs last")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that kill the session's server after all the others (a stable sort keeps their order)."""
+    items.sort(key=lambda item: item.get_closest_marker("kills_server") is not None)
+
+
 # --------------------------------------------------------------------------- reporting
 
 

@@ -202,6 +202,8 @@ class SkyRLServer:
     engine_pid: int | None = None
     startup_s: float = 0.0
     model_build_s: float = 0.0
+    command: list[str] = field(default_factory=list[str])
+    env: dict[str, str] = field(default_factory=dict[str, str], repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     def client_env(self) -> dict[str, str]:
@@ -230,6 +232,41 @@ class SkyRLServer:
         # have been reused by an unrelated process, which must not be signalled.
         if engine_pid is not None and _is_our_engine(engine_pid):
             _terminate_pid(engine_pid, grace_s)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine at once, as a crashed machine would: nothing shuts down cleanly."""
+        engine_pid = self.engine_pid or _engine_pid_from_log(self.log_path) or _first_child_pid(self.process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        if engine_pid is not None and _is_our_engine(engine_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine_pid, signal.SIGKILL)
+        self.engine_pid = None
+
+    def restart(self, startup_timeout_s: float = 180.0) -> None:
+        """Start the server again with the same command: same port, database, checkpoints and log file.
+
+        Blocks until the new engine is ready (the log is appended to, so the ready
+        line is looked for only after the restart).
+        """
+        if self.process.poll() is None:
+            raise RuntimeError("restart() needs a stopped server; kill() it first")
+        offset = self.log_path.stat().st_size
+        with open(self.log_path, "ab") as log_file:
+            # Linux sends the parent-death signal when the *thread* that started
+            # the server exits: call this from a thread that outlives the server.
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.workdir,
+                preexec_fn=_set_parent_death_signal,
+            )
+        _wait_ready(self, startup_timeout_s, log_offset=offset)
 
 
 def client_env(base_url: str) -> dict[str, str]:
@@ -293,17 +330,24 @@ def log_tail(path: Path, max_lines: int = 60) -> str:
     return "\n".join(kept[-max_lines:])
 
 
-def _engine_pid_from_log(path: Path) -> int | None:
+def _engine_pid_from_log(path: Path, offset: int = 0) -> int | None:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = _read_from(path, offset)
     except FileNotFoundError:
         return None
-    for line in text.splitlines():
+    found = None
+    for line in text.splitlines():  # the last one: a restarted server appends to the log
         if ENGINE_PID_PREFIX in line:
             digits = line.split(ENGINE_PID_PREFIX, 1)[1].split(":", 1)[0].strip()
             if digits.isdigit():
-                return int(digits)
-    return None
+                found = int(digits)
+    return found
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", errors="replace")
 
 
 def _first_child_pid(pid: int) -> int | None:
@@ -374,7 +418,7 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
-def _wait_ready(server: SkyRLServer, timeout_s: float) -> None:
+def _wait_ready(server: SkyRLServer, timeout_s: float, *, log_offset: int = 0) -> None:
     """Wait for ``/healthz`` and then for the engine's ready line.
 
     ``/healthz`` answers ~2 s after launch, long before the engine has loaded
@@ -391,9 +435,9 @@ def _wait_ready(server: SkyRLServer, timeout_s: float) -> None:
         if code is not None:
             raise ServerStartError(f"SkyRL server exited with code {code} during start-up:\n{server.log_tail()}")
         if server.engine_pid is None:
-            server.engine_pid = _engine_pid_from_log(server.log_path)
+            server.engine_pid = _engine_pid_from_log(server.log_path, log_offset)
         healthy = healthy or _healthy(server.base_url)
-        if healthy and ENGINE_READY_LINE in server.log_path.read_text(encoding="utf-8", errors="replace"):
+        if healthy and ENGINE_READY_LINE in _read_from(server.log_path, log_offset):
             return
         time.sleep(0.25)
     what = "the engine's ready line" if healthy else HEALTH_PATH
@@ -463,13 +507,14 @@ def running_server(
             backend_config,
         ]
         t1 = time.monotonic()
+        env = server_env(root, jax_cache=jax_cache)
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(  # noqa: S603 - our own interpreter and script
                 command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=server_env(root, jax_cache=jax_cache),
+                env=env,
                 cwd=root,
                 preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - no threads started yet
             )
@@ -482,6 +527,8 @@ def running_server(
             log_path=log_path,
             process=process,
             model_build_s=model_build_s,
+            command=command,
+            env=env,
         )
         # If the interpreter exits without unwinding this generator (an
         # uncaught KeyboardInterrupt during collection, os._exit excluded),

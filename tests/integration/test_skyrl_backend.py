@@ -204,5 +204,8 @@ async def test_token_beyond_vocabulary_times_out_with_a_named_error(skyrl_server
     error = caught.value
     assert error.what == "forward_backward"
     assert error.timeout == deadline_s
-    assert str(error) == "forward_backward did not complete within 10.0 s"
+    assert str(error) == (
+        f"forward_backward did not complete within 10.0 s on the Tinker server at {skyrl_server.base_url} "
+        "(is it down or overloaded?)"
+    )
     assert deadline_s - 1 <= waited <= deadline_s + 10

@@ -46,17 +46,23 @@ class RemoteTimeoutError(TimeoutError):
     Attributes:
         what: The name of the call, such as ``"forward_backward"``.
         timeout: The seconds it was given.
+        server: The server it was sent to, when known (a dead or stuck server
+            is the usual cause: the SDK retries an unreachable one without end).
     """
 
-    def __init__(self, what: str, timeout: float) -> None:
+    def __init__(self, what: str, timeout: float, server: str | None = None) -> None:
         # repr: 120.0 reads "120.0", 0.05 reads "0.05".
-        super().__init__(f"{what} did not complete within {float(timeout)!r} s")
+        message = f"{what} did not complete within {float(timeout)!r} s"
+        if server is not None:
+            message += f" on the Tinker server at {server} (is it down or overloaded?)"
+        super().__init__(message)
         self.what = what
         self.timeout = timeout
+        self.server = server
 
-    def __reduce__(self) -> tuple[type[RemoteTimeoutError], tuple[str, float]]:
-        # Rebuild from (what, timeout), not from the message, e.g. across processes.
-        return (type(self), (self.what, self.timeout))
+    def __reduce__(self) -> tuple[type[RemoteTimeoutError], tuple[str, float, str | None]]:
+        # Rebuild from its fields, not from the message, e.g. across processes.
+        return (type(self), (self.what, self.timeout, self.server))
 
 
 class SupportsFuture(Protocol[T]):
@@ -115,12 +121,13 @@ def as_concurrent_future(obj: SDKFuture[T]) -> concurrent.futures.Future[T]:
 
 
 @contextlib.contextmanager
-def remote_deadline(what: str, timeout: float | None) -> Generator[None, None, None]:
+def remote_deadline(what: str, timeout: float | None, server: str | None = None) -> Generator[None, None, None]:
     """Give the enclosed remote wait ``timeout`` seconds, then fail with a clear error.
 
     Args:
         what: The name of the call, used in the error message.
         timeout: Seconds allowed, or ``None`` for no deadline.
+        server: The server called, named in the error message when given.
 
     Raises:
         RemoteTimeoutError: if the deadline passed before the enclosed block finished.
@@ -134,10 +141,12 @@ def remote_deadline(what: str, timeout: float | None) -> Generator[None, None, N
     with trio.move_on_after(timeout) as scope:
         yield
     if scope.cancelled_caught:
-        raise RemoteTimeoutError(what, timeout)
+        raise RemoteTimeoutError(what, timeout, server)
 
 
-async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None, withdraw_on_cancel: bool = True) -> T:
+async def await_future(
+    fut: SDKFuture[T], *, what: str, timeout: float | None, withdraw_on_cancel: bool = True, server: str | None = None
+) -> T:
     """Wait for an SDK future from Trio, with a deadline, without blocking the run.
 
     Args:
@@ -149,6 +158,7 @@ async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None, w
             future. False for training requests: once submitted they are not taken
             back, and the wait may be resumed, for example to save a consistent
             state after Ctrl-C. Reaching ``timeout`` always cancels the future.
+        server: The server called, named in a timeout's message when given.
 
     Returns:
         The future's result.
@@ -161,7 +171,7 @@ async def await_future(fut: SDKFuture[T], *, what: str, timeout: float | None, w
     """
     cf = as_concurrent_future(fut)
     try:
-        with remote_deadline(what, timeout):
+        with remote_deadline(what, timeout, server):
             return await _wait_done(cf, withdraw_on_cancel)
     except RemoteTimeoutError:
         cf.cancel()

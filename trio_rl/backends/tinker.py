@@ -115,10 +115,11 @@ class SDKServiceClient(Protocol):
 class TinkerPendingResult(Generic[T]):
     """A submitted Tinker request; :meth:`result` waits for it (a ``PendingResult``)."""
 
-    def __init__(self, future: SDKFuture[T], *, what: str, timeout: float) -> None:
+    def __init__(self, future: SDKFuture[T], *, what: str, timeout: float, server: str | None = None) -> None:
         self._future = future
         self._what = what
         self._timeout = timeout
+        self._server = server
 
     async def result(self) -> T:
         """Wait for the answer; a cancelled wait leaves the request in place and may be resumed.
@@ -131,7 +132,9 @@ class TinkerPendingResult(Generic[T]):
                 the request is then cancelled where possible.
             Exception: the SDK's exception for this request, unchanged.
         """
-        return await await_future(self._future, what=self._what, timeout=self._timeout, withdraw_on_cancel=False)
+        return await await_future(
+            self._future, what=self._what, timeout=self._timeout, withdraw_on_cancel=False, server=self._server
+        )
 
 
 class _HfTokenizer:
@@ -158,13 +161,13 @@ class _HfTokenizer:
         return getattr(self.wrapped, name)
 
 
-async def _call_blocking(fn: Callable[[], Any], *, what: str, timeout: float) -> Any:
+async def _call_blocking(fn: Callable[[], Any], *, what: str, timeout: float, server: str | None = None) -> Any:
     """Run a blocking SDK call in a thread and, if it returned a future, await that too.
 
     One deadline covers both parts. On expiry or cancellation the thread is abandoned:
     it cannot be interrupted, and whatever it returns later is dropped.
     """
-    with remote_deadline(what, timeout):
+    with remote_deadline(what, timeout, server):
         value = await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
         if is_sdk_future(value):
             value = await await_future(value, what=what, timeout=None)
@@ -174,17 +177,21 @@ async def _call_blocking(fn: Callable[[], Any], *, what: str, timeout: float) ->
 class TinkerSamplingClient:
     """Samples from one fixed set of weights on the Tinker service."""
 
-    def __init__(self, sdk_client: Any, *, model_path: str | None, timeouts: TinkerTimeouts) -> None:
+    def __init__(
+        self, sdk_client: Any, *, model_path: str | None, timeouts: TinkerTimeouts, server: str | None = None
+    ) -> None:
         """Wrap an SDK sampling client.
 
         Args:
             sdk_client: A ``tinker.SamplingClient``.
             model_path: The ``tinker://`` path of its weights, if they were saved by name.
             timeouts: Deadlines for its requests.
+            server: The server's URL, named when a deadline is missed.
         """
         self._client = sdk_client
         self._model_path = model_path
         self._timeouts = timeouts
+        self._server = server
 
     @property
     def model_path(self) -> str | None:
@@ -218,7 +225,9 @@ class TinkerSamplingClient:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.sample(prompt, num_samples, sampling_params)
-        response: tinker_types.SampleResponse = await await_future(future, what="sample", timeout=self._timeouts.sample)
+        response: tinker_types.SampleResponse = await await_future(
+            future, what="sample", timeout=self._timeouts.sample, server=self._server
+        )
         return response
 
     async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
@@ -231,7 +240,7 @@ class TinkerSamplingClient:
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.compute_logprobs(prompt)
         logprobs: list[float | None] = await await_future(
-            future, what="compute_logprobs", timeout=self._timeouts.sample
+            future, what="compute_logprobs", timeout=self._timeouts.sample, server=self._server
         )
         return logprobs
 
@@ -239,15 +248,17 @@ class TinkerSamplingClient:
 class TinkerTrainingClient:
     """Trainable weights and optimizer state on the Tinker service."""
 
-    def __init__(self, sdk_client: Any, *, timeouts: TinkerTimeouts) -> None:
+    def __init__(self, sdk_client: Any, *, timeouts: TinkerTimeouts, server: str | None = None) -> None:
         """Wrap an SDK training client.
 
         Args:
             sdk_client: A ``tinker.TrainingClient``.
             timeouts: Deadlines for its requests.
+            server: The server's URL, named when a deadline is missed.
         """
         self._client = sdk_client
         self._timeouts = timeouts
+        self._server = server
         self._tokenizer: Tokenizer | None = None
 
     @property
@@ -311,14 +322,15 @@ class TinkerTrainingClient:
         # no path, and the protocol promises a ``model_path``.
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.save_weights_for_sampler(name)
-        saved = await await_future(future, what="save_weights_for_sampler", timeout=self._timeouts.checkpoint)
+        saved = await self._wait(future, "save_weights_for_sampler")
         path: str = saved.path
         sdk_sampler = await _call_blocking(
             lambda: self._client.create_sampling_client(path),
             what="create_sampling_client",
             timeout=self._timeouts.checkpoint,
+            server=self._server,
         )
-        return TinkerSamplingClient(sdk_sampler, model_path=path, timeouts=self._timeouts)
+        return TinkerSamplingClient(sdk_sampler, model_path=path, timeouts=self._timeouts, server=self._server)
 
     async def save_state(self, name: str) -> str:
         """Save weights and optimizer state under ``name``.
@@ -331,7 +343,7 @@ class TinkerTrainingClient:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.save_state(name)
-        saved = await await_future(future, what="save_state", timeout=self._timeouts.checkpoint)
+        saved = await self._wait(future, "save_state")
         path: str = saved.path
         return path
 
@@ -346,7 +358,7 @@ class TinkerTrainingClient:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         future = self._client.load_state_with_optimizer(path) if with_optimizer else self._client.load_state(path)
-        await await_future(future, what="load_state", timeout=self._timeouts.checkpoint)
+        await self._wait(future, "load_state")
 
     async def get_tokenizer(self) -> Tokenizer:
         """The tokenizer of the model being trained (loaded once, in a thread).
@@ -358,7 +370,7 @@ class TinkerTrainingClient:
         """
         if self._tokenizer is None:
             tokenizer = await _call_blocking(
-                self._client.get_tokenizer, what="get_tokenizer", timeout=self._timeouts.tokenizer
+                self._client.get_tokenizer, what="get_tokenizer", timeout=self._timeouts.tokenizer, server=self._server
             )
             self._tokenizer = _HfTokenizer(tokenizer)
         return self._tokenizer
@@ -368,7 +380,11 @@ class TinkerTrainingClient:
         # should, but without a cancellation point: a Cancelled raised here would lose
         # the handle of a request that runs anyway.
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return TinkerPendingResult(future, what=what, timeout=timeout)
+        return TinkerPendingResult(future, what=what, timeout=timeout, server=self._server)
+
+    async def _wait(self, future: SDKFuture[Any], what: str) -> Any:
+        """A checkpoint request's answer, within ``TinkerTimeouts.checkpoint``."""
+        return await await_future(future, what=what, timeout=self._timeouts.checkpoint, server=self._server)
 
 
 class TinkerBackend:
@@ -396,8 +412,7 @@ class TinkerBackend:
                 are its own business.
             base_url: The service URL, when building our own client. Default: the SDK's
                 (``TINKER_BASE_URL``, then the production service).
-            api_key: The API key, when building our own client. Default:
-                ``TINKER_API_KEY``.
+            api_key: The API key, when building our own client. Default: ``TINKER_API_KEY``.
             timeouts: Deadlines for remote calls; see :class:`TinkerTimeouts`.
 
         Raises:
@@ -410,6 +425,8 @@ class TinkerBackend:
         self._base_url = base_url
         self._api_key = api_key
         self.timeouts = timeouts or TinkerTimeouts()
+        # The server named when a deadline is missed; unknown behind a client we were given.
+        self._server = (base_url or os.environ.get("TINKER_BASE_URL")) if service_client is None else None
 
     @property
     def service_client(self) -> SDKServiceClient:
@@ -431,43 +448,17 @@ class TinkerBackend:
         if self._service is None:
             _check_credentials(self._api_key)
             # Only what was given: the SDK's own defaults (its env vars) apply otherwise.
-            kwargs: dict[str, Any] = {}
-            if self._base_url is not None:
-                kwargs["base_url"] = self._base_url
-            if self._api_key is not None:
-                kwargs["api_key"] = self._api_key
-            # Building it only records settings; the first request connects.
-            self._service = tinker.ServiceClient(**kwargs)
+            given: dict[str, Any] = {"base_url": self._base_url, "api_key": self._api_key}
+            self._service = tinker.ServiceClient(**{k: v for k, v in given.items() if v is not None})
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         """Finish the session of a service client this backend built (0.38 only)."""
-        if not (self._owns_service and self._service is not None):
-            return
-        service, self._service = self._service, None
-        close = getattr(service, "close", None)  # 0.24.1 has no close()
-        if close is None:
-            return
-        status: Literal["success", "errored", "interrupted"]
-        if exc_type is None:
-            status = "success"
-        elif issubclass(exc_type, Exception):
-            status = "errored"
-        else:
-            status = "interrupted"
-        # Shielded so that a cancelled run still finishes its session, bounded so
-        # that an unreachable service cannot hang the exit. A failure is only logged:
-        # raising here would hide the error the run is exiting with, if any.
-        with trio.CancelScope(shield=True):
-            try:
-                await _call_blocking(lambda: close(status), what="ServiceClient.close", timeout=self.timeouts.close)
-            except Exception as error:
-                logger.warning("could not finish the Tinker session: %s", error)
+        if self._owns_service and self._service is not None:
+            service, self._service = self._service, None
+            await _close_session(service, exc_type, self.timeouts.close)
 
     async def create_training_client(
         self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
@@ -487,16 +478,13 @@ class TinkerBackend:
             Exception: the SDK's own errors, unchanged.
         """
         service = self.service_client
-        sdk_client = await _call_blocking(
+        return await self._training_client(
             lambda: service.create_lora_training_client(base_model=base_model, rank=lora_rank, seed=seed),
-            what="create_lora_training_client",
-            timeout=self.timeouts.create_training_client,
+            "create_lora_training_client",
         )
-        return TinkerTrainingClient(sdk_client, timeouts=self.timeouts)
 
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> TinkerSamplingClient:
-        """A sampling client for ``base_model`` (or the weights at ``model_path``), as the SDK's
-        ``ServiceClient.create_sampling_client`` makes it, in a thread.
+        """A sampling client for ``base_model`` (or the weights at ``model_path``), made in a thread.
 
         Raises:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
@@ -507,8 +495,9 @@ class TinkerBackend:
             lambda: service.create_sampling_client(model_path=model_path, base_model=base_model),
             what="create_sampling_client",
             timeout=self.timeouts.checkpoint,
+            server=self._server,
         )
-        return TinkerSamplingClient(sdk_sampler, model_path=model_path, timeouts=self.timeouts)
+        return TinkerSamplingClient(sdk_sampler, model_path=model_path, timeouts=self.timeouts, server=self._server)
 
     async def create_training_client_from_state(
         self, path: str, *, with_optimizer: bool = True
@@ -526,15 +515,36 @@ class TinkerBackend:
             RemoteTimeoutError: if it took longer than ``TinkerTimeouts.create_training_client``.
             Exception: the SDK's own errors, unchanged.
         """
-        service = self.service_client
-        if with_optimizer:
-            name = "create_training_client_from_state_with_optimizer"
-            create = service.create_training_client_from_state_with_optimizer
-        else:
-            name = "create_training_client_from_state"
-            create = service.create_training_client_from_state
-        sdk_client = await _call_blocking(lambda: create(path), what=name, timeout=self.timeouts.create_training_client)
-        return TinkerTrainingClient(sdk_client, timeouts=self.timeouts)
+        name = "create_training_client_from_state" + ("_with_optimizer" if with_optimizer else "")
+        create = getattr(self.service_client, name)
+        return await self._training_client(lambda: create(path), name)
+
+    async def _training_client(self, create: Callable[[], Any], what: str) -> TinkerTrainingClient:
+        timeout = self.timeouts.create_training_client
+        sdk_client = await _call_blocking(create, what=what, timeout=timeout, server=self._server)
+        return TinkerTrainingClient(sdk_client, timeouts=self.timeouts, server=self._server)
+
+
+async def _close_session(service: SDKServiceClient, exc_type: type[BaseException] | None, timeout: float) -> None:
+    """``service.close(status)`` where the SDK has it (0.38; 0.24.1 has none)."""
+    close = getattr(service, "close", None)
+    if close is None:
+        return
+    status: Literal["success", "errored", "interrupted"]
+    if exc_type is None:
+        status = "success"
+    elif issubclass(exc_type, Exception):
+        status = "errored"
+    else:
+        status = "interrupted"
+    # Shielded so that a cancelled run still finishes its session, bounded so
+    # that an unreachable service cannot hang the exit. A failure is only logged:
+    # raising here would hide the error the run is exiting with, if any.
+    with trio.CancelScope(shield=True):
+        try:
+            await _call_blocking(lambda: close(status), what="ServiceClient.close", timeout=timeout)
+        except Exception as error:
+            logger.warning("could not finish the Tinker session: %s", error)
 
 
 def _check_credentials(api_key: str | None) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import trio
 
 from ..backends.protocol import TrainingClient
-from .jsonl import DamagedFileError, read_records
+from .jsonl import DamagedFileError, open_for_append, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
 
@@ -68,7 +69,7 @@ class CheckpointLog:
 
     def append(self, checkpoint: CheckpointRecord) -> None:
         """Record ``checkpoint``."""
-        with self.path.open("a") as f:
+        with open_for_append(self.path) as f:
             f.write(json.dumps(asdict(checkpoint)) + "\n")
 
     def all(self, *, repair: bool = False) -> list[CheckpointRecord]:
@@ -116,32 +117,56 @@ class CheckpointKeeper:
         weights: the published weights, whose sampler path each row records.
         shielded: finish a save that a cancellation interrupts (``Config.save_on_cancel``):
             an interrupted save may still be writing, so it must not be started again.
+        cancel_save_timeout: how long a shielded save may go on once a cancellation
+            has come (``Config.cancel_save_timeout``); a save given up then is
+            neither recorded nor started again.
     """
 
     def __init__(
-        self, log: CheckpointLog, client: TrainingClient, ledger: DataLedger, weights: LatestWeights, *, shielded: bool
+        self,
+        log: CheckpointLog,
+        client: TrainingClient,
+        ledger: DataLedger,
+        weights: LatestWeights,
+        *,
+        shielded: bool,
+        cancel_save_timeout: float = math.inf,
     ) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
         self._weights = weights
         self._shielded = shielded
+        self._cancel_save_timeout = cancel_save_timeout
         self._last: tuple[int, str] | None = None
+        self._given_up: int | None = None
         self.final: CheckpointRecord | None = None
         """The final checkpoint, once written."""
 
     async def save(
         self, step: int, *, final: bool, reason: str, tokens: tuple[dict[str, int], dict[str, int]] = ({}, {})
-    ) -> CheckpointRecord:
-        """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``."""
+    ) -> CheckpointRecord | None:
+        """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``.
+
+        A ``"cancelled"`` save is called from the trainer's shielded scope whose
+        deadline is ``cancel_save_timeout``; it runs under that deadline, unshielded.
+
+        Returns:
+            The record written, or None when the save of this step was given up
+            (see ``cancel_save_timeout``): the state and the log then still agree
+            on the checkpoint before it.
+        """
         name = "final" if final else f"{step:06d}"
-        saved_as = f"{step:06d}"
         # The weights of a step saved periodically are still the final ones:
         # record that state again as final rather than save it twice.
         if self._last is None or self._last[0] != step:
-            with trio.CancelScope(shield=self._shielded):
-                self._last = (step, await self._client.save_state(saved_as))
-        assert self._last is not None and self._last[0] == step
+            if self._given_up == step:
+                return None
+            # The cancel-save runs in the caller's own shielded scope, whose
+            # deadline (cancel_save_timeout) must bound it: no shield of ours there.
+            await self._save_state(step, shielded=self._shielded and reason != "cancelled")
+            if self._last is None or self._last[0] != step:
+                return None
         path = self._last[1]
         ledger = self._ledger
         ledger.read_notes()
@@ -163,3 +188,30 @@ class CheckpointKeeper:
         if final:
             self.final = record
         return record
+
+    async def _save_state(self, step: int, *, shielded: bool) -> None:
+        """``save_state`` under the step's name, noted in ``_last`` the moment it returns."""
+        if not shielded:
+            self._last = (step, await self._client.save_state(f"{step:06d}"))
+            return
+        # Shielded, so that a cancellation does not cut a save that may go on
+        # writing; yet bounded, by cancel_save_timeout from the moment a
+        # cancellation reaches the caller.
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope(shield=True) as shield:
+                nursery.start_soon(self._bound_once_cancelled, shield)
+                self._last = (step, await self._client.save_state(f"{step:06d}"))
+            nursery.cancel_scope.cancel()
+        if shield.cancelled_caught:
+            self._given_up = step
+            # Only the caller's cancellation sets that deadline: let it end the caller here.
+            await trio.lowlevel.checkpoint()
+
+    async def _bound_once_cancelled(self, shield: trio.CancelScope) -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            # By the caller's cancellation, or by us once the save is done. Not
+            # raised on: a Cancelled leaving this nursery would come out in a
+            # group, which the trainer's `except trio.Cancelled` does not catch.
+            shield.deadline = min(shield.deadline, trio.current_time() + self._cancel_save_timeout)

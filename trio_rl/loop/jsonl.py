@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, TextIO, cast
 
 
 class RunFolderWarning(UserWarning):
@@ -62,3 +63,63 @@ def rewrite_records(path: Path, records: list[dict[str, Any]]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text("".join(json.dumps(record) + "\n" for record in records))
     partial.replace(path)
+
+
+def open_for_append(path: Path) -> TextIO:
+    """``path`` opened to append records, with its last line ended first.
+
+    A last line without its newline (left by an editor, a copy, a half-flushed
+    write) would have the next record glued onto it, and the file would then
+    read as damaged or lose that record as torn. So a whole record there gets
+    its newline, and a torn fragment is cut with a :class:`RunFolderWarning`
+    (as :func:`read_records` does with ``repair``): every append starts a line.
+    """
+    _end_last_line(path)
+    return path.open("a")
+
+
+def _end_last_line(path: Path) -> None:
+    try:
+        file = path.open("rb+")
+    except FileNotFoundError:
+        return
+    with file:
+        end = file.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        file.seek(end - 1)
+        if file.read(1) == b"\n":
+            return
+        start = _start_of_last_line(file, end)
+        file.seek(start)
+        tail = file.read(end - start)
+        if tail.strip() and not _is_record(tail):
+            warnings.warn(
+                f"{path}: cutting its torn last line ({tail[:60]!r}) before appending, as a crash leaves it",
+                RunFolderWarning,
+                stacklevel=3,
+            )
+            file.truncate(start)
+        else:
+            file.seek(end)
+            file.write(b"\n")
+
+
+def _start_of_last_line(file: BinaryIO, end: int, chunk: int = 1 << 16) -> int:
+    """The offset just after the last newline before ``end`` (0 if none); reads backwards, not the whole file."""
+    position = end
+    while position > 0:
+        size = min(chunk, position)
+        position -= size
+        file.seek(position)
+        newline = file.read(size).rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+    return 0
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

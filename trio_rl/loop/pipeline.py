@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from ..backends.protocol import SamplingClient, TrainingClient
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, stops_the_run
 from ..rl.data import assemble_training_data
 from ..rl.kl import reference_logprob_diffs
 from ..rl.metrics import GroupSummary, MetricsLog
@@ -166,7 +166,12 @@ async def run_pipeline(
             runner=runner,
             ledger=ledger,
             checkpoints=CheckpointKeeper(
-                checkpoint_log, training_client, ledger, weights, shielded=trainer.save_on_cancel
+                checkpoint_log,
+                training_client,
+                ledger,
+                weights,
+                shielded=trainer.save_on_cancel,
+                cancel_save_timeout=trainer.cancel_save_timeout,
             ),
             gate=gate,
             evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
@@ -430,7 +435,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     try:
         rolled = await _roll_out(item, settings, weights)
     except Exception as failure:
-        if not settings.error_strategy.catches_group_errors:
+        if not settings.error_strategy.catches_group_errors or stops_the_run(failure):
             raise
         return SkippedGroup(item, failure, list(getattr(failure, "errors", [])))
     if isinstance(rolled, AbandonedGroup):

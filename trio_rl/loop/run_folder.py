@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..backends.protocol import Backend, TrainingClient
 from ..config import Config
-from ..errors import ConfigError
+from ..errors import ConfigError, DatasetTooShortError
 from .checkpoints import CheckpointLog, CheckpointRecord
-from .jsonl import RunFolderWarning, read_records, rewrite_records
+from .jsonl import DamagedFileError, RunFolderWarning, read_records, rewrite_records
 from .work import ItemKey
 
 METRICS_FILE = "metrics.jsonl"
@@ -33,18 +33,27 @@ class ResumeError(RuntimeError):
     """No checkpoint recorded in the run folder could be loaded."""
 
 
-def claim(config: Config) -> None:
+def claim(config: Config, *, dataset_length: int) -> None:
     """Make ``config.log_path`` this run's folder, before any work starts.
+
+    Args:
+        config: the run's configuration.
+        dataset_length: the batches of the run's dataset, which a resumed
+            run's checkpoints must not have gone past.
 
     Raises:
         RunFolderExistsError: the folder holds a run, and neither ``resume`` nor
             ``overwrite`` is set; the message names the choices.
+        DatasetTooShortError: resuming, a checkpoint continues the dataset past
+            its end; nothing in the folder was changed.
     """
     log_path = Path(config.log_path)
     # Synchronous on purpose: a local mkdir is instant, and a thread would stall
     # a virtual clock (a thread in flight does not count as activity).
     log_path.mkdir(parents=True, exist_ok=True)
     found = [name for name in RUN_FILES if (log_path / name).exists()]
+    if config.resume:
+        _check_dataset_covers_checkpoints(CheckpointLog(log_path), dataset_length)
     if not found or config.resume:
         return
     if not config.overwrite:
@@ -55,6 +64,27 @@ def claim(config: Config) -> None:
         )
     for name in found:
         (log_path / name).unlink()
+
+
+def _check_dataset_covers_checkpoints(checkpoints: CheckpointLog, dataset_length: int) -> None:
+    """Raise :class:`DatasetTooShortError` if a checkpoint's cursor or owed items lie past the dataset's end.
+
+    Every checkpoint is checked, not only the one that will load: a run that got
+    that far was not run on this dataset. The newest at fault is named.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RunFolderWarning)  # :func:`start` reports a torn line
+            records = checkpoints.all()
+    except DamagedFileError:
+        return  # :func:`start` reports it, as it always has
+    for record in reversed(records):
+        # The cursor (len, 0) is a dataset handed out to its end; an owed item needs its batch.
+        needed = [(record.cursor[0] + (record.cursor[1] > 0), record.cursor)]
+        needed += [(batch + 1, (batch, group)) for batch, group in record.outstanding]
+        batches, where = max(needed)
+        if batches > dataset_length:
+            raise DatasetTooShortError(record.name, record.step, str(checkpoints.path), where, dataset_length)
 
 
 @dataclass(frozen=True)

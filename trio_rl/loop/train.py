@@ -162,7 +162,7 @@ async def train(
     first_batch = _check_before_work(config, dataset, backend)
     schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
-    run_folder.claim(config)
+    run_folder.claim(config, dataset_length=len(dataset))
     checkpoints = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:

@@ -41,7 +41,7 @@ from tinker import types as tinker_types
 from .. import _tinker_compat as compat
 from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient
-from ..errors import GroupFailedError
+from ..errors import EmptyGroupError, GroupFailedError
 from ..loop.determinism import derive_seed, settle
 from ..types import (
     ActionExtra,
@@ -362,6 +362,8 @@ async def _fresh_env(builder: EnvGroupBuilder, index: int) -> Env:
     # The cookbook's path: build a group, use one env of it; the builder's
     # cleanup releases the rest with the group.
     group = await call_user(builder.make_envs)
+    if not group:
+        raise EmptyGroupError(f"{type(builder).__name__}.make_envs() returned no envs for a retry of env {index}")
     return group[index] if index < len(group) else group[0]
 
 
@@ -467,32 +469,41 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
     ``cleanup`` runs shielded from cancellation, so a cancelled or crashed run
     still releases what the envs hold, but within :data:`CLEANUP_TIMEOUT_S` so
     that a stuck cleanup cannot hang the run. A cleanup that fails while the
-    group is already failing never hides that failure: both are raised, as the
-    leaves of one group.
+    group is already failing never hides that failure, even one that came with
+    a cancellation: both are raised, as the leaves of one group.
+
+    Raises:
+        EmptyGroupError: ``make_envs()`` returned no env (no strategy skips it).
     """
     try:
         envs = await call_user(builder.make_envs)
         if not envs:
-            raise ValueError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
+            raise EmptyGroupError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
         yield envs
-    except Exception as failure:
+    except BaseException as failure:
         cleanup_failure = await _cleanup(builder)
-        if cleanup_failure is not None:
-            raise ExceptionGroup(
-                f"{type(builder).__name__}: the group failed, then its cleanup failed too", [failure, cleanup_failure]
-            ) from None
-        raise
-    except BaseException:
-        # Cancellation (or KeyboardInterrupt) keeps propagating; a cleanup
-        # failure beside it would be dropped by the scope that catches it.
-        cleanup_failure = await _cleanup(builder)
-        if cleanup_failure is not None:
+        if cleanup_failure is None:
+            raise
+        if _only_cancellation(failure):
+            # Cancellation (or KeyboardInterrupt) alone: the cleanup's failure is the one error.
             raise cleanup_failure from None
-        raise
+        # A crash, perhaps beside a cancellation that came at the same instant
+        # (BaseExceptionGroup([crash, Cancelled])): both are raised, as leaves of one group.
+        message = f"{type(builder).__name__}: the group failed, then its cleanup failed too"
+        if isinstance(failure, Exception):
+            raise ExceptionGroup(message, [failure, cleanup_failure]) from None
+        raise BaseExceptionGroup(message, [failure, cleanup_failure]) from None
     else:
         cleanup_failure = await _cleanup(builder)
         if cleanup_failure is not None:
             raise cleanup_failure
+
+
+def _only_cancellation(failure: BaseException) -> bool:
+    """Whether ``failure`` holds no :class:`Exception`: only cancellations or interrupts."""
+    if isinstance(failure, BaseExceptionGroup):
+        return failure.subgroup(Exception) is None
+    return not isinstance(failure, Exception)
 
 
 _NO_OP_CLEANUPS = {
