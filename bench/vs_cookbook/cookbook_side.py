@@ -103,6 +103,8 @@ class Ledger:
         self.train_s = train_s
         self.seed = seed
         self.sampler = sampler
+        self.draw = 0
+        """Long-tail runs: which set of lengths (``bench/longtail_workload.py``)."""
         self.calls: Counter[str] = Counter()
         self.trained_datums = 0
         self.trained_tokens = 0
@@ -156,7 +158,10 @@ class FakeSamplingClient:
         lengths = [rng.randint(1, max_tokens) for _ in range(num_samples)]
         if ledger.sampler is not None:
             prompt_tokens = prompt.to_ints()
-            lengths = [min(max_tokens, longtail_workload.response_length(prompt_tokens, i)) for i in range(num_samples)]
+            lengths = [
+                min(max_tokens, longtail_workload.response_length(prompt_tokens, i, ledger.draw))
+                for i in range(num_samples)
+            ]
             loop = asyncio.get_running_loop()
             ends = [ledger.sampler.schedule(loop.time(), n) for n in lengths]
             await asyncio.sleep(max(0.0, max(ends) - loop.time()))
@@ -319,6 +324,7 @@ class EvenTokensDatasetBuilder(RLDatasetBuilder):
 async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
     sampler = SlotSampler(longtail_workload.SAMPLE_SLOTS, longtail_workload.TOKEN_LATENCY_S) if args.longtail else None
     ledger = Ledger(args.sample_s, args.train_s, args.seed, sampler)
+    ledger.draw = args.draw
     builder = EvenTokensDatasetBuilder(
         num_batches=args.steps, groups_per_batch=args.groups_per_step, group_size=args.group_size
     )
@@ -436,6 +442,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--longtail", action="store_true", help="the long-tail workload (bench/longtail_workload.py)")
+    parser.add_argument("--draw", type=int, default=0, help="--longtail: another set of lengths, same distribution")
     parser.add_argument("--log-path", type=Path, help="keep the run folder here (default: a temporary one)")
     args = parser.parse_args()
     if args.longtail:

@@ -173,19 +173,12 @@ def work_differences(results: dict[tuple[str, str, str], list[dict[str, Any]]]) 
     return notes
 
 
-def run_longtail_one(side: Side, steps: int) -> dict[str, Any]:
+def run_longtail_one(side: Side, steps: int, draw: int) -> dict[str, Any]:
     """One long-tail run of one side in a fresh process; raise with its output if it fails or loses groups."""
     command = [
-        str(side.python),
-        str(side.script),
-        "--longtail",
-        "--mode",
-        side.mode_arg,
-        "--k",
-        str(side.k),
-        "--steps",
-        str(steps),
-    ]
+        str(side.python), str(side.script), "--longtail", "--mode", side.mode_arg,
+        "--k", str(side.k), "--steps", str(steps), "--draw", str(draw),
+    ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TINKER_TELEMETRY": "0"}
     try:
         done = subprocess.run(
@@ -202,7 +195,7 @@ def run_longtail_one(side: Side, steps: int) -> dict[str, Any]:
     # requeue drops groups by design; every other loop must train them all.
     if result["trained_groups"] != expected and "requeue" not in side.label:
         raise SystemExit(f"run.py: {side.label} trained {result['trained_groups']} groups, expected {expected}")
-    result["limit"] = longtail_workload.sampler_bound_limit(steps, sum(longtail_workload.workload_lengths(steps)))
+    result["limit"] = longtail_workload.sampler_bound_limit(steps, sum(longtail_workload.workload_lengths(steps, draw)))
     return result
 
 
@@ -213,10 +206,10 @@ def longtail_cell(args: argparse.Namespace, reps: int) -> None:
     trio_python, cookbook_python = Path(args.trio_python), Path(args.cookbook_python)
     print(f"machine: {machine()}")
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True, check=False).stdout.strip()}")
-    lengths = longtail_workload.workload_lengths(args.steps)
+    lengths = longtail_workload.workload_lengths(args.steps, args.draw)
     limit = longtail_workload.sampler_bound_limit(args.steps, sum(lengths))
     print(
-        f"long-tail cell: {args.steps} steps, {sum(lengths):,} tokens, limit {limit:.1f} s; K = {ks}; {reps} repetitions"
+        f"long-tail cell: {args.steps} steps, draw {args.draw}: {sum(lengths):,} tokens, limit {limit:.1f} s; K = {ks}; {reps} repetitions"
     )
     started = time.monotonic()
     loads: list[float] = []
@@ -229,7 +222,7 @@ def longtail_cell(args: argparse.Namespace, reps: int) -> None:
                 sides.reverse()
             for side in sides:
                 loads.append(os.getloadavg()[0])
-                result = run_longtail_one(side, args.steps)
+                result = run_longtail_one(side, args.steps, args.draw)
                 results.setdefault((k, side.label), []).append(result)
                 print(
                     f"  rep {rep + 1}/{reps} K={k} {side.label:<18} makespan {result['makespan']:7.2f} s  "
@@ -263,9 +256,8 @@ def longtail_cell(args: argparse.Namespace, reps: int) -> None:
             )
     if args.json is not None:
         rows = [{"k": k, "loop": label, "runs": runs} for (k, label), runs in results.items()]
-        args.json.write_text(
-            json.dumps({"machine": machine(), "steps": args.steps, "reps": reps, "results": rows}, indent=1)
-        )
+        document = {"machine": machine(), "steps": args.steps, "draw": args.draw, "reps": reps, "results": rows}
+        args.json.write_text(json.dumps(document, indent=1))
 
 
 def main() -> None:
@@ -281,6 +273,7 @@ def main() -> None:
     )
     parser.add_argument("--ks", default="1,2,4", help="long-tail cell: K values (default 1,2,4)")
     parser.add_argument("--policies", help="long-tail cell: trio_rl async policies (default: every one)")
+    parser.add_argument("--draw", type=int, default=0, help="long-tail cell: another set of lengths, same distribution")
     parser.add_argument("--trio-python", default=str(REPO / ".venv/bin/python"))
     parser.add_argument("--cookbook-python", default=str(REPO / ".vs-cookbook-venv/bin/python"))
     args = parser.parse_args()

@@ -64,12 +64,12 @@ def counting_training_calls(counts: Counter[str]) -> Iterator[None]:
             setattr(FakeTrainingClient, name, original)
 
 
-def run_longtail(mode_name: str, k: int, steps: int) -> dict[str, Any]:
+def run_longtail(mode_name: str, k: int, steps: int, draw: int = 0) -> dict[str, Any]:
     """One long-tail run in real time: ``bench/longtail.py``'s measures, as this driver reports them."""
     mode = longtail.modes([k], longtail.async_policies())[mode_name if mode_name == "sync" else f"{mode_name} K={k}"]
     cpu = time.process_time()
     with tempfile.TemporaryDirectory() as tmp:
-        row = trio.run(longtail.run_mode, mode, steps, 0, Path(tmp))
+        row = trio.run(longtail.run_mode, mode, steps, draw, Path(tmp))
     row["makespan"] = row.pop("makespan_s")
     return {
         "side": "trio_rl",
@@ -89,11 +89,12 @@ def main() -> None:
     parser.add_argument("--train-s", type=float, help="seconds per forward_backward (required without --longtail)")
     parser.add_argument("--longtail", action="store_true", help="the long-tail workload (bench/longtail.py)")
     parser.add_argument("--k", type=int, default=1, help="max_steps_off_policy of an async --longtail run")
+    parser.add_argument("--draw", type=int, default=0, help="--longtail: another set of lengths, same distribution")
     args = parser.parse_args()
     if args.longtail:
         if args.mode != "sync" and args.mode not in longtail.async_policies():
             parser.error(f"--mode {args.mode!r}: use sync or one of {', '.join(longtail.async_policies())}")
-        print(json.dumps(run_longtail(args.mode, args.k, args.steps)))
+        print(json.dumps(run_longtail(args.mode, args.k, args.steps, args.draw)))
         return
     if args.mode not in MODE_NAMES or args.sample_s is None or args.train_s is None:
         parser.error(f"use --mode {'/'.join(sorted(MODE_NAMES))} with --sample-s and --train-s, or --longtail")
