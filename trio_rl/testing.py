@@ -112,7 +112,8 @@ class FakeSequence:
         prompt: the prompt's tokens.
         sample_index: its index among the ``num_samples`` of its request.
         version: the weights version of the sampling client that asked for it.
-        length: tokens in the response (``response_length``'s answer, capped at ``max_tokens``).
+        length: tokens in the response (``response_length``'s answer, capped at ``max_tokens``);
+            a cancelled one produced only those whose :meth:`token_time` is at most ``ended``.
         requested: when it reached the sampler (after the call's ``sample_latency``).
         started: when it got a slot; ``started - requested`` is the time it queued.
         ended: when it gave its slot back: at its last token, or when it was cancelled.
