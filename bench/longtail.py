@@ -1,6 +1,6 @@
 """Every trio_rl mode on the long-tail workload, in virtual time, against the sampler-bound limit.
 
-Run: ``.venv/bin/python bench/longtail.py`` (about a minute per row on a quiet core;
+Run: ``.venv/bin/python bench/longtail.py`` (10-25 s per row on a loaded 2-core machine;
 ``--steps 20`` for a short run, ``--ks 1,2`` or ``--policies pace`` for fewer rows,
 ``--json FILE`` to keep every row's numbers).
 
