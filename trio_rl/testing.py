@@ -3,7 +3,10 @@
 :class:`FakeBackend` runs natively in Trio with no threads, so it works under
 ``trio.testing.MockClock`` (``autojump_clock`` in pytest-trio): every latency is a
 ``trio.sleep``. It is deterministic from its seed and records every call with
-the weights version it saw, so tests can assert on order and staleness.
+the weights version it saw, so tests can assert on order and staleness. Given
+``sample_slots``, ``token_latency`` or ``response_length`` it also models a
+sampler with a finite number of sequences in flight (see :class:`FakeBackend`),
+which is what a long tail of response lengths costs a real one.
 
 The fake envs (:class:`FakeEnv`, :class:`FakeEnvGroupBuilder`, :class:`FakeDataset`)
 give rewards that depend on the sampled tokens, so groups have mixed rewards, and
@@ -12,10 +15,12 @@ can be told to fail or hang at a chosen point.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,7 +28,7 @@ import trio
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .loop.determinism import derive_seed
+from .loop.determinism import derive_seed, settle
 from .types import (
     ActionExtra,
     Env,
@@ -38,6 +43,10 @@ from .types import (
 
 Latency = float | Callable[[Any], float]
 """Seconds of virtual latency: a constant, or a function of the request."""
+
+
+ResponseLength = Callable[[Sequence[int], int], int]
+"""``fn(prompt_tokens, sample_index) -> int``: how many tokens one sampled response has."""
 
 
 def _latency(latency: Latency, request: Any) -> float:
@@ -97,6 +106,170 @@ class _FakePending:
         return self._value
 
 
+@dataclass(frozen=True)
+class FakeSequence:
+    """One response the fake sampler model produced, and when it held a slot.
+
+    Token ``i`` (0-based) is produced at :meth:`token_time` ``(i)``, that is
+    ``started + (i + 1) * token_latency``: a sequence's last token ends it, so
+    ``ended == started + length * token_latency`` unless it was cancelled.
+
+    Attributes:
+        prompt: the prompt's tokens.
+        sample_index: its index among the ``num_samples`` of its request.
+        version: the weights version of the sampling client that asked for it.
+        length: tokens in the response (``response_length``'s answer, capped at ``max_tokens``);
+            a cancelled one produced only those whose :meth:`token_time` is at most ``ended``.
+        requested: when it reached the sampler (after the call's ``sample_latency``).
+        started: when it got a slot; ``started - requested`` is the time it queued.
+        ended: when it gave its slot back: at its last token, or when it was cancelled.
+        token_latency: seconds per token.
+        cancelled: whether it was cancelled before its last token.
+    """
+
+    prompt: tuple[int, ...]
+    sample_index: int
+    version: int
+    length: int
+    requested: float
+    started: float
+    ended: float
+    token_latency: float
+    cancelled: bool = False
+
+    def token_time(self, index: int) -> float:
+        """When token ``index`` (0-based) is produced.
+
+        Raises:
+            IndexError: for an index outside ``range(length)``.
+        """
+        if not 0 <= index < self.length:
+            raise IndexError(f"token {index} of a {self.length}-token sequence")
+        return self.started + (index + 1) * self.token_latency
+
+
+def _start_order(sequence: FakeSequence) -> tuple[Any, ...]:
+    return (sequence.started, sequence.requested, sequence.prompt, sequence.sample_index, sequence.version)
+
+
+class _SlotRequest:
+    """One sequence waiting for a sampler slot; ``key`` orders it among the waiting ones."""
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self.requested: float = key[0]
+        self.started: float | None = None
+        self.granted = trio.Event()
+        self.withdrawn = False
+
+
+class _FakeSlots:
+    """``count`` sampler slots, handed out first come, first served.
+
+    Requests that arrive at the same instant are ordered by their key (the
+    prompt, sample index, version and seed), not by the order in which Trio
+    happened to run their tasks: a request joins the queue only after
+    :func:`~trio_rl.loop.determinism.settle`, once every request of its instant
+    has arrived. A slot freed later goes at once to the head of the queue, so the
+    queue only ever holds requests of earlier instants and the order is the same
+    whichever task frees the slot.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._free: list[float] = [-math.inf] * count
+        """When each free slot became free (a heap). A request that finds one free
+        starts at its own arrival, not after the settle that ranked it."""
+        self._arriving: list[_SlotRequest] = []
+        self._queue: list[tuple[tuple[Any, ...], int, _SlotRequest]] = []
+        self._tiebreak = itertools.count()
+
+    async def acquire(self, request: _SlotRequest) -> float:
+        """Wait for a slot; return the time it was granted. On any exception the request leaves no trace."""
+        self._arriving.append(request)
+        try:
+            await settle()
+            self._enqueue_arrived(request.requested)
+            self._dispatch()
+            await request.granted.wait()
+        except BaseException:
+            if request.started is not None:
+                self.release(trio.current_time())
+            else:
+                request.withdrawn = True
+            raise
+        assert request.started is not None
+        return request.started
+
+    def release(self, at: float) -> None:
+        """Give a slot back, free since ``at``; the head of the queue, if any, takes it now."""
+        heapq.heappush(self._free, at)
+        self._dispatch()
+
+    def _enqueue_arrived(self, until: float) -> None:
+        # Only requests of this instant or earlier: one of a later instant waits
+        # for its own settle, so its rank never depends on who ran first.
+        still: list[_SlotRequest] = []
+        for request in self._arriving:
+            if request.withdrawn:
+                continue
+            if request.requested <= until:
+                heapq.heappush(self._queue, (request.key, next(self._tiebreak), request))
+            else:
+                still.append(request)
+        self._arriving = still
+
+    def _dispatch(self) -> None:
+        while self._free and self._queue:
+            request = heapq.heappop(self._queue)[2]
+            if request.withdrawn:
+                continue
+            request.started = max(request.requested, heapq.heappop(self._free))
+            request.granted.set()
+
+
+class _FakeSampler:
+    """The sampler model of :class:`FakeBackend`: slots, per-token time, and a record of every sequence."""
+
+    def __init__(self, slots: int | None, token_latency: float, record: bool) -> None:
+        self.slots = None if slots is None else _FakeSlots(slots)
+        self.token_latency = token_latency
+        self.record = record
+        self.sequences: list[FakeSequence] = []
+
+    async def serve(self, prompt: tuple[int, ...], lengths: list[int], version: int, seed: int | None) -> None:
+        """Hold a slot for each sequence for its length in tokens; return when the last one ends."""
+        if len(lengths) == 1:
+            await self._hold(prompt, 0, lengths[0], version, seed)
+            return
+        async with trio.open_nursery() as nursery:
+            for index, length in enumerate(lengths):
+                nursery.start_soon(self._hold, prompt, index, length, version, seed)
+
+    async def _hold(self, prompt: tuple[int, ...], index: int, length: int, version: int, seed: int | None) -> None:
+        requested = trio.current_time()
+        if self.slots is None:
+            started = requested
+        else:
+            key = (requested, prompt, index, version, -1 if seed is None else seed)
+            started = await self.slots.acquire(_SlotRequest(key))
+        end = started + length * self.token_latency
+        sequence = FakeSequence(prompt, index, version, length, requested, started, end, self.token_latency)
+        position = len(self.sequences)
+        if self.record:
+            self.sequences.append(sequence)
+        try:
+            await trio.sleep_until(end)
+        except BaseException:
+            if self.slots is not None:
+                self.slots.release(trio.current_time())
+            if self.record:
+                self.sequences[position] = replace(sequence, ended=trio.current_time(), cancelled=True)
+            raise
+        # Free since its last token, even if this task woke a settle later.
+        if self.slots is not None:
+            self.slots.release(end)
+
+
 class FakeSamplingClient:
     """Samples deterministic pseudo-random tokens; pinned to one weights version."""
 
@@ -121,10 +294,16 @@ class FakeSamplingClient:
         # on its prompt (tuples of ints hash the same in every process).
         base = sampling_params.seed if sampling_params.seed is not None else hash(tuple(prompt.to_ints()))
         max_tokens = sampling_params.max_tokens or 16
+        rngs = [random.Random(derive_seed(backend.seed, base, i, self.version)) for i in range(num_samples)]
+        if backend.response_length is None:
+            lengths = [rng.randint(1, max_tokens) for rng in rngs]
+        else:
+            prompt_tokens = prompt.to_ints()
+            lengths = [backend._response_length(prompt_tokens, i, max_tokens) for i in range(num_samples)]
+        if backend._sampler is not None:
+            await backend._sampler.serve(tuple(prompt.to_ints()), lengths, self.version, sampling_params.seed)
         sequences = []
-        for i in range(num_samples):
-            rng = random.Random(derive_seed(backend.seed, base, i, self.version))
-            n = rng.randint(1, max_tokens)
+        for rng, n in zip(rngs, lengths, strict=True):
             tokens = rng.choices(range(backend.vocab_size), k=n)
             logprobs = [-3 * rng.random() for _ in range(n)]
             sequences.append(compat.sampled_sequence(tokens, logprobs, "stop" if n < max_tokens else "length"))
@@ -209,16 +388,38 @@ class FakeTrainingClient:
 class FakeBackend:
     """A Trio-native backend with virtual latencies, for tests and benchmarks.
 
+    By default a sample call takes ``sample_latency`` whatever it samples, and
+    any number of calls run at once. Given ``sample_slots``, ``token_latency`` or
+    ``response_length``, sampling follows a finite sampler model instead, as a
+    real server behaves under a long tail of response lengths:
+
+    - each response has ``response_length(prompt_tokens, sample_index)`` tokens
+      (default: the random 1..``max_tokens`` of the default path), capped at the
+      request's ``max_tokens``;
+    - each response holds one of ``sample_slots`` slots (default: unlimited) for
+      ``length * token_latency`` seconds, after the call's ``sample_latency``;
+    - when every slot is busy it queues, first come first served; responses that
+      arrive at the same instant are ordered by prompt, sample index, weights
+      version and seed, so the order never depends on Trio's scheduling;
+    - every response is recorded in :attr:`sequences` (when ``record_calls``).
+
     Args:
         seed: makes every sampled token reproducible.
         sample_latency, train_latency, optim_latency, save_latency: seconds per
             call, or a function of the request returning seconds.
         state_latency: seconds per ``save_state`` (default: ``save_latency``).
         vocab_size: sampled token ids lie in ``range(vocab_size)``.
+        record_calls: keep :attr:`calls` (and, with the sampler model, :attr:`sequences`).
+        sample_slots: how many responses the sampler produces at once (None: unlimited).
+        token_latency: seconds each response holds its slot per token.
+        response_length: ``fn(prompt_tokens, sample_index) -> int``, each response's length.
 
     Attributes:
         calls: every call received, in order.
         fail_sample, fail_train: set to an exception to make those calls fail.
+
+    Raises:
+        ValueError: for ``sample_slots`` below 1 or a negative ``token_latency``.
     """
 
     def __init__(
@@ -232,7 +433,16 @@ class FakeBackend:
         state_latency: Latency | None = None,
         vocab_size: int = 32,
         record_calls: bool = True,
+        sample_slots: int | None = None,
+        token_latency: float = 0.0,
+        response_length: ResponseLength | None = None,
     ) -> None:
+        if sample_slots is not None and sample_slots < 1:
+            raise ValueError(
+                f"FakeBackend: sample_slots must be at least 1 (or None for unlimited), got {sample_slots}"
+            )
+        if token_latency < 0:
+            raise ValueError(f"FakeBackend: token_latency must be >= 0 seconds, got {token_latency}")
         self.seed = seed
         self.sample_latency = sample_latency
         self.train_latency = train_latency
@@ -241,10 +451,35 @@ class FakeBackend:
         self.state_latency = save_latency if state_latency is None else state_latency
         self.vocab_size = vocab_size
         self.record_calls = record_calls
+        self.sample_slots = sample_slots
+        self.token_latency = token_latency
+        self.response_length = response_length
         self.calls: list[FakeCall] = []
         self.states: dict[str, int] = {}
         self.fail_sample: BaseException | None = None
         self.fail_train: BaseException | None = None
+        modelled = sample_slots is not None or token_latency > 0 or response_length is not None
+        self._sampler = _FakeSampler(sample_slots, token_latency, record_calls) if modelled else None
+
+    @property
+    def sequences(self) -> list[FakeSequence]:
+        """Every response the sampler model produced, by start time (ties in queue order).
+
+        Empty without the sampler model or with ``record_calls=False``.
+        """
+        if self._sampler is None:
+            return []
+        return sorted(self._sampler.sequences, key=_start_order)
+
+    def _response_length(self, prompt_tokens: list[int], sample_index: int, max_tokens: int) -> int:
+        assert self.response_length is not None
+        length = self.response_length(prompt_tokens, sample_index)
+        if length < 0:
+            raise ValueError(
+                f"FakeBackend: response_length returned {length} for sample {sample_index} "
+                f"of prompt {prompt_tokens[:8]}...; a length must be >= 0"
+            )
+        return min(length, max_tokens)
 
     def _record(self, kind: str, version: int, **detail: Any) -> None:
         if self.record_calls:

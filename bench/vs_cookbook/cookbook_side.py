@@ -21,6 +21,12 @@ tokenizer and the envs, on the work model of ``bench/pipeline.py`` and
 
 Only ``metrics.jsonl`` (the cookbook's ``JsonLogger``) and ``checkpoints.jsonl`` are
 written: no console table, no logtree HTML, no rollout JSON export.
+
+With ``--longtail`` the work model is instead ``bench/longtail_workload.py``'s (issue 20):
+8 groups x 8 samples per step, each response's length drawn from its prompt's first
+three tokens and its sample index, a sampler of 128 slots at 0.5 ms per token
+(:class:`SlotSampler`, the model of ``trio_rl.testing.FakeBackend``'s ``sample_slots``
+and ``token_latency``), ``forward_backward`` 0.1 s, ``max_tokens`` 4,096.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import heapq
 import itertools
 import json
 import math
@@ -52,6 +59,9 @@ from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetB
 from tinker_cookbook.utils import ml_log
 from tinker_cookbook.utils.cost_estimation import CostTracker
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import longtail_workload
+
 VOCAB_SIZE = 32
 MAX_TOKENS = 8
 LEARNING_RATE = 1e-4
@@ -60,17 +70,51 @@ LEARNING_RATE = 1e-4
 # ------------------------------------------------------------------ the fake service
 
 
+class SlotSampler:
+    """A sampler that produces ``slots`` sequences at once, ``token_s`` seconds per token, first come first served.
+
+    Every duration is known when its request arrives, so the request simply takes
+    the slot that frees first: that is first-come-first-served queueing, the
+    model of ``trio_rl.testing.FakeBackend`` with ``sample_slots``. Ends follow
+    from the schedule, not from when the event loop woke a sequence up, so the
+    loop's own latency is paid by the loop and does not pile up in the sampler.
+    """
+
+    def __init__(self, slots: int, token_s: float) -> None:
+        self.token_s = token_s
+        self._free = [-math.inf] * slots
+        self.busy_s = 0.0
+        """Slot-seconds held, for the utilisation."""
+
+    def schedule(self, now: float, length: int) -> float:
+        """Queue one sequence of ``length`` tokens arriving ``now``; return when it ends."""
+        start = max(now, heapq.heappop(self._free))
+        end = start + length * self.token_s
+        heapq.heappush(self._free, end)
+        self.busy_s += end - start
+        return end
+
+
 class Ledger:
     """What the fake service was asked to do, and its latencies."""
 
-    def __init__(self, sample_s: float, train_s: float, seed: int) -> None:
+    def __init__(self, sample_s: float, train_s: float, seed: int, sampler: SlotSampler | None = None) -> None:
         self.sample_s = sample_s
         self.train_s = train_s
         self.seed = seed
+        self.sampler = sampler
+        self.draw = 0
+        """Long-tail runs: which set of lengths (``bench/longtail_workload.py``)."""
         self.calls: Counter[str] = Counter()
         self.trained_datums = 0
         self.trained_tokens = 0
         self.sequence_ids = itertools.count()
+        self.sampled: dict[tuple[int, ...], tuple[int, int]] = {}
+        """Long-tail runs: each env's prompt -> (weights version, response length) of its latest sample."""
+        self.lags: Counter[int] = Counter()
+        """Long-tail runs: trained tokens by lag (training step - the version that sampled them)."""
+        self.staleness: list[int] = []
+        """Long-tail runs: each trained group's staleness, in training order."""
 
 
 class Pending:
@@ -111,9 +155,19 @@ class FakeSamplingClient:
         rng = random.Random((ledger.seed * 1_000_003 + self.version) * 1_000_003 + self._requests)
         await asyncio.sleep(ledger.sample_s)
         max_tokens = sampling_params.max_tokens or 16
+        lengths = [rng.randint(1, max_tokens) for _ in range(num_samples)]
+        if ledger.sampler is not None:
+            prompt_tokens = prompt.to_ints()
+            lengths = [
+                min(max_tokens, longtail_workload.response_length(prompt_tokens, i, ledger.draw))
+                for i in range(num_samples)
+            ]
+            loop = asyncio.get_running_loop()
+            ends = [ledger.sampler.schedule(loop.time(), n) for n in lengths]
+            await asyncio.sleep(max(0.0, max(ends) - loop.time()))
+            ledger.sampled[tuple(prompt_tokens[:3])] = (self.version, lengths[0])
         sequences = []
-        for _i in range(num_samples):
-            n = rng.randint(1, max_tokens)
+        for n in lengths:
             tokens = rng.choices(range(VOCAB_SIZE), k=n)
             logprobs = [-3 * rng.random() for _ in range(n)]
             sequences.append(
@@ -147,6 +201,15 @@ class FakeTrainingClient:
         ledger = self._ledger
         lengths = [d.model_input.length for d in data]
         ledger.trained_datums += len(data)
+        if ledger.sampler is not None:
+            # This client's version is the step being trained (optim_step adds one).
+            groups: dict[tuple[int, ...], int] = {}
+            for datum in data:
+                prompt = tuple(datum.model_input.to_ints()[:3])
+                version, tokens = ledger.sampled[prompt]
+                ledger.lags[self.version - version] += tokens
+                groups[prompt[:2]] = version  # a group's envs share one sampling client
+            ledger.staleness.extend(self.version - v for _, v in sorted(groups.items()))
         ledger.trained_tokens += sum(lengths)
         outputs = [
             {"logprobs": types.TensorData(data=np.full(n, -0.5, dtype=np.float32), dtype="float32")} for n in lengths
@@ -259,7 +322,9 @@ class EvenTokensDatasetBuilder(RLDatasetBuilder):
 
 
 async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
-    ledger = Ledger(args.sample_s, args.train_s, args.seed)
+    sampler = SlotSampler(longtail_workload.SAMPLE_SLOTS, longtail_workload.TOKEN_LATENCY_S) if args.longtail else None
+    ledger = Ledger(args.sample_s, args.train_s, args.seed, sampler)
+    ledger.draw = args.draw
     builder = EvenTokensDatasetBuilder(
         num_batches=args.steps, groups_per_batch=args.groups_per_step, group_size=args.group_size
     )
@@ -274,7 +339,7 @@ async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
         dataset_builder=builder,
         model_name="fake/model",
         recipe_name="vs_cookbook",
-        max_tokens=MAX_TOKENS,
+        max_tokens=longtail_workload.MAX_TOKENS if args.longtail else MAX_TOKENS,
         log_path=str(log_path),
         eval_every=0,
         save_every=0,
@@ -338,6 +403,21 @@ async def run(args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
         "trained_datums": ledger.trained_datums,
         "trained_tokens": ledger.trained_tokens,
         "calls": dict(ledger.calls),
+        **(longtail_measures(ledger, wall) if sampler is not None else {}),
+    }
+
+
+def longtail_measures(ledger: Ledger, makespan: float) -> dict[str, Any]:
+    """What ``bench/longtail.py`` reports besides the makespan: utilisation, staleness, token lag."""
+    assert ledger.sampler is not None
+    tokens = sum(ledger.lags.values())
+    return {
+        "sampler_utilisation": ledger.sampler.busy_s / (longtail_workload.SAMPLE_SLOTS * makespan),
+        "staleness_mean": sum(ledger.staleness) / max(1, len(ledger.staleness)),
+        "staleness_max": max(ledger.staleness, default=0),
+        "token_lag_mean": sum(lag * n for lag, n in ledger.lags.items()) / max(1, tokens),
+        "token_lag_max": max(ledger.lags, default=0),
+        "sampled_tokens": sum(length for _, length in ledger.sampled.values()),
     }
 
 
@@ -355,14 +435,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["sync", "async"], required=True)
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--sample-s", type=float, required=True)
-    parser.add_argument("--train-s", type=float, required=True)
+    parser.add_argument("--sample-s", type=float, help="seconds per sample call (required without --longtail)")
+    parser.add_argument("--train-s", type=float, help="seconds per forward_backward (required without --longtail)")
     parser.add_argument("--k", type=int, default=1, help="max_steps_off_policy in async mode")
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--longtail", action="store_true", help="the long-tail workload (bench/longtail_workload.py)")
+    parser.add_argument("--draw", type=int, default=0, help="--longtail: another set of lengths, same distribution")
     parser.add_argument("--log-path", type=Path, help="keep the run folder here (default: a temporary one)")
     args = parser.parse_args()
+    if args.longtail:
+        args.sample_s, args.train_s = 0.0, longtail_workload.TRAIN_S
+        args.groups_per_step, args.group_size = longtail_workload.GROUPS_PER_STEP, longtail_workload.GROUP_SIZE
+    elif args.sample_s is None or args.train_s is None:
+        parser.error("--sample-s and --train-s are required without --longtail")
     if args.log_path is not None:
         args.log_path.mkdir(parents=True, exist_ok=False)
         result = run_and_describe(args, args.log_path)

@@ -9,6 +9,14 @@ one fresh process per run, the two sides alternating run by run (and which goes 
 alternating by repetition). Each run is timed from inside its process around the
 training call only: imports and interpreter start are left out on both sides.
 
+With ``--longtail`` it runs the long-tail cell instead (``bench/longtail_workload.py``,
+issue 20): tinker-cookbook 0.6.1's ``do_async_training`` against every trio_rl async
+policy, at K = 1, 2, 4 (``--ks``), in real time, on identical response lengths, the
+sides alternating run by run; ``--steps`` shortens it (100 by default, minutes per run).
+It prints each run, then per K and loop the median makespan, its ratio to the
+sampler-bound limit and to the cookbook's, the groups trained, the mean group
+staleness, the token-weighted mean lag and the sampler's utilisation.
+
 Reported per cell, mode and side, as median [min-max] over the repetitions:
 makespan / ideal (``bench/pipeline.py``'s ideal schedule for the steps trained), CPU
 microseconds per trained group (the whole process: fakes and envs included), excess
@@ -34,9 +42,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
+import longtail  # noqa: E402  (bench/longtail.py: the long-tail rows and their policies)
+import longtail_workload  # noqa: E402
 import pipeline  # noqa: E402  (bench/pipeline.py: the cells and the ideal schedule)
 
 RUN_TIMEOUT_S = 300
+LONGTAIL_RUN_TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,93 @@ def work_differences(results: dict[tuple[str, str, str], list[dict[str, Any]]]) 
     return notes
 
 
+def run_longtail_one(side: Side, steps: int, draw: int) -> dict[str, Any]:
+    """One long-tail run of one side in a fresh process; raise with its output if it fails or loses groups."""
+    command = [
+        str(side.python), str(side.script), "--longtail", "--mode", side.mode_arg,
+        "--k", str(side.k), "--steps", str(steps), "--draw", str(draw),
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TINKER_TELEMETRY": "0"}
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=LONGTAIL_RUN_TIMEOUT_S, env=env, check=False
+        )
+    except subprocess.TimeoutExpired as error:
+        raise SystemExit(f"run.py: {side.label} ran past {LONGTAIL_RUN_TIMEOUT_S} s: {' '.join(command)}") from error
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-25:])
+        raise SystemExit(f"run.py: {side.label} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
+    result = json.loads(lines[-1])
+    expected = steps * longtail_workload.GROUPS_PER_STEP
+    # requeue drops groups by design; every other loop must train them all.
+    if result["trained_groups"] != expected and "requeue" not in side.label:
+        raise SystemExit(f"run.py: {side.label} trained {result['trained_groups']} groups, expected {expected}")
+    result["limit"] = longtail_workload.sampler_bound_limit(steps, sum(longtail_workload.workload_lengths(steps, draw)))
+    return result
+
+
+def longtail_cell(args: argparse.Namespace, reps: int) -> None:
+    """The long-tail cell: every trio_rl async policy against the cookbook's async loop, K by K."""
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    policies = longtail.async_policies() if args.policies is None else args.policies.split(",")
+    trio_python, cookbook_python = Path(args.trio_python), Path(args.cookbook_python)
+    print(f"machine: {machine()}")
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True, check=False).stdout.strip()}")
+    lengths = longtail_workload.workload_lengths(args.steps, args.draw)
+    limit = longtail_workload.sampler_bound_limit(args.steps, sum(lengths))
+    print(
+        f"long-tail cell: {args.steps} steps, draw {args.draw}: {sum(lengths):,} tokens, limit {limit:.1f} s; K = {ks}; {reps} repetitions"
+    )
+    started = time.monotonic()
+    loads: list[float] = []
+    results: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for rep in range(reps):
+        for k in ks:
+            sides = [Side(f"trio_rl ({p})", trio_python, HERE / "trio_side.py", p, k) for p in policies]
+            sides.append(Side("cookbook", cookbook_python, HERE / "cookbook_side.py", "async", k))
+            if rep % 2:
+                sides.reverse()
+            for side in sides:
+                loads.append(os.getloadavg()[0])
+                result = run_longtail_one(side, args.steps, args.draw)
+                results.setdefault((k, side.label), []).append(result)
+                print(
+                    f"  rep {rep + 1}/{reps} K={k} {side.label:<18} makespan {result['makespan']:7.2f} s  "
+                    f"trained {result['trained_groups']:>4}  staleness {result['staleness_mean']:.2f}  "
+                    f"lag {result['token_lag_mean']:.2f}  util {result['sampler_utilisation']:.2f}",
+                    flush=True,
+                )
+    print()
+    print(
+        f"{time.monotonic() - started:.0f} s in all; 1-minute load during the runs: {min(loads):.2f}-{max(loads):.2f}"
+    )
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True, check=False).stdout.strip()}")
+    print()
+    print(
+        "| K | loop | makespan s | / limit | / cookbook | groups trained | staleness mean (max) | token lag mean | sampler util |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for k in ks:
+        cookbook = statistics.median(r["makespan"] for r in results[(k, "cookbook")])
+        for (rk, label), runs in results.items():
+            if rk != k:
+                continue
+            makespans = [r["makespan"] for r in runs]
+            median = statistics.median(makespans)
+            print(
+                f"| {k} | {label} | {summary(makespans, 1)} | {median / limit:.2f} | {median / cookbook:.2f} | "
+                f"{summary([float(r['trained_groups']) for r in runs], 0)} | "
+                f"{statistics.median(r['staleness_mean'] for r in runs):.2f} ({max(r['staleness_max'] for r in runs)}) | "
+                f"{statistics.median(r['token_lag_mean'] for r in runs):.2f} | "
+                f"{statistics.median(r['sampler_utilisation'] for r in runs):.2f} |"
+            )
+    if args.json is not None:
+        rows = [{"k": k, "loop": label, "runs": runs} for (k, label), runs in results.items()]
+        document = {"machine": machine(), "steps": args.steps, "draw": args.draw, "reps": reps, "results": rows}
+        args.json.write_text(json.dumps(document, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every run (default 3; 2 with --quick)")
@@ -169,6 +267,13 @@ def main() -> None:
     parser.add_argument("--requeue", action="store_true", help="also run trio_rl's async 'requeue' policy")
     parser.add_argument("--cells", default="a,b,c,d", help="which cells, by letter (default a,b,c,d)")
     parser.add_argument("--json", type=Path, help="also write every run's measurements to this file")
+    parser.add_argument("--longtail", action="store_true", help="run the long-tail cell instead of cells a-d")
+    parser.add_argument(
+        "--steps", type=int, default=longtail_workload.STEPS, help="long-tail cell: steps (default 100)"
+    )
+    parser.add_argument("--ks", default="1,2,4", help="long-tail cell: K values (default 1,2,4)")
+    parser.add_argument("--policies", help="long-tail cell: trio_rl async policies (default: every one)")
+    parser.add_argument("--draw", type=int, default=0, help="long-tail cell: another set of lengths, same distribution")
     parser.add_argument("--trio-python", default=str(REPO / ".venv/bin/python"))
     parser.add_argument("--cookbook-python", default=str(REPO / ".vs-cookbook-venv/bin/python"))
     args = parser.parse_args()
@@ -178,6 +283,9 @@ def main() -> None:
     for python in (args.trio_python, args.cookbook_python):
         if not Path(python).is_file():
             parser.error(f"{python} does not exist; run bench/vs_cookbook/run.sh, which builds both venvs")
+    if args.longtail:
+        longtail_cell(args, args.reps if args.reps is not None else 1)
+        return
     wanted = {c.strip() for c in args.cells.split(",") if c.strip()}
     cells = [c for c in pipeline.CELLS if c.name[0] in wanted]
     if not cells or len(cells) != len(wanted):

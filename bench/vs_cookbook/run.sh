@@ -3,6 +3,7 @@
 #
 #   bash bench/vs_cookbook/run.sh            # cells a-d, sync and async K=1, 3 repetitions (7-9 min here)
 #   bash bench/vs_cookbook/run.sh --quick    # 5x fewer steps, 2 repetitions (~2 min)
+#   bash bench/vs_cookbook/run.sh --longtail # the long-tail cell, K = 1, 2, 4 (--steps 20 for a short one)
 #
 # Builds what is missing first: the repository's .venv (as the README's test command does)
 # for the trio_rl side, and .vs-cookbook-venv (setup_env.sh) for the cookbook side.

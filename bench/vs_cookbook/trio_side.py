@@ -4,6 +4,10 @@ Runs in the repository's ``.venv``. The run itself is ``bench/pipeline.py``'s
 ``run_cell`` (``trio_rl.train`` on ``FakeBackend`` and ``FakeDataset``, metrics.jsonl
 written); this driver only adds counters on the fake training client, so the runner
 can compare the work both sides did (calls, Datums, tokens).
+
+With ``--longtail`` it runs ``bench/longtail.py``'s workload instead, in real time:
+``longtail.run_mode`` under Trio's real clock, any mode that script knows
+(``--mode sync``, or an async policy with ``--k``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +28,7 @@ import trio
 
 # bench/pipeline.py, next to this folder: the cells and run_cell.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import longtail
 import pipeline
 
 from trio_rl.testing import FakeTrainingClient
@@ -58,13 +64,40 @@ def counting_training_calls(counts: Counter[str]) -> Iterator[None]:
             setattr(FakeTrainingClient, name, original)
 
 
+def run_longtail(mode_name: str, k: int, steps: int, draw: int = 0) -> dict[str, Any]:
+    """One long-tail run in real time: ``bench/longtail.py``'s measures, as this driver reports them."""
+    mode = longtail.modes([k], longtail.async_policies())[mode_name if mode_name == "sync" else f"{mode_name} K={k}"]
+    cpu = time.process_time()
+    with tempfile.TemporaryDirectory() as tmp:
+        row = trio.run(longtail.run_mode, mode, steps, draw, Path(tmp))
+    row["makespan"] = row.pop("makespan_s")
+    return {
+        "side": "trio_rl",
+        **row,
+        "cpu_s": time.process_time() - cpu,
+        "versions": {"tinker": tinker.__version__, "trio": trio.__version__, "python": sys.version.split()[0]},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=sorted(MODE_NAMES), required=True)
+    parser.add_argument(
+        "--mode", required=True, help=f"{', '.join(sorted(MODE_NAMES))} (or, with --longtail, any async policy)"
+    )
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--sample-s", type=float, required=True)
-    parser.add_argument("--train-s", type=float, required=True)
+    parser.add_argument("--sample-s", type=float, help="seconds per sample call (required without --longtail)")
+    parser.add_argument("--train-s", type=float, help="seconds per forward_backward (required without --longtail)")
+    parser.add_argument("--longtail", action="store_true", help="the long-tail workload (bench/longtail.py)")
+    parser.add_argument("--k", type=int, default=1, help="max_steps_off_policy of an async --longtail run")
+    parser.add_argument("--draw", type=int, default=0, help="--longtail: another set of lengths, same distribution")
     args = parser.parse_args()
+    if args.longtail:
+        if args.mode != "sync" and args.mode not in longtail.async_policies():
+            parser.error(f"--mode {args.mode!r}: use sync or one of {', '.join(longtail.async_policies())}")
+        print(json.dumps(run_longtail(args.mode, args.k, args.steps, args.draw)))
+        return
+    if args.mode not in MODE_NAMES or args.sample_s is None or args.train_s is None:
+        parser.error(f"use --mode {'/'.join(sorted(MODE_NAMES))} with --sample-s and --train-s, or --longtail")
     cell = pipeline.Cell("vs_cookbook", args.steps, args.sample_s, args.train_s)
     mode = pipeline.MODES[MODE_NAMES[args.mode]]
     counts: Counter[str] = Counter()
