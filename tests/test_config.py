@@ -63,7 +63,7 @@ def test_rollout_error_tolerance_takes_the_cookbook_values(tmp_path: Path) -> No
     assert info.value.field == "rollout_error_tolerance"
 
 
-def test_the_default_async_policy_is_pace_as_in_cookbook_0_6_1() -> None:
+def test_the_default_async_policy_is_pace() -> None:
     assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "pace"
 
 

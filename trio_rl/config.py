@@ -48,10 +48,11 @@ class AsyncConfig:
         max_steps_off_policy: K, how many steps behind the trainer a group's
             sampling weights may be when it is trained.
         groups_per_batch: groups per training step.
-        staleness: ``"pace"`` (the default, tinker-cookbook 0.6.1's behaviour)
-            never starts a group that could end up more than K steps stale, so
-            no completed group is discarded; ``"requeue"`` (the cookbook 0.5.5
-            behaviour) resamples groups more than K steps stale while the
+        staleness: ``"pace"`` (the default; the strict bound of tinker-cookbook
+            PR #822, unreleased, not 0.6.1's loop) fixes each group's step when it
+            is handed out and never starts a group that could end up more than K
+            steps stale, so no completed group is discarded, but a step waits for
+            its stragglers; ``"requeue"`` (the cookbook 0.5.5 behaviour) resamples groups more than K steps stale while the
             dataset still has data and drops them (counted) afterwards.
     """
 

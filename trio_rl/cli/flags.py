@@ -45,7 +45,7 @@ class CommonArgs:
     mode: Literal["sync", "stream", "async"] = "async"
     """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
     staleness: Literal["requeue", "pace"] = "pace"
-    """async only: pace sampling so no group gets more than K steps stale (tinker-cookbook 0.6.1), or requeue staler ones (0.5.5)"""
+    """async only: pace sampling so no group gets more than K steps stale (the strict bound of tinker-cookbook PR #822; a step waits for its stragglers), or requeue staler ones (0.5.5)"""
     max_steps_off_policy: int = 1
     """async only: K, how many steps stale a trained group may be"""
     num_minibatches: int = 2
