@@ -38,8 +38,3 @@ class ConsumptionGate:
         between: a change after the check always wakes you.
         """
         await self._changed.wait()
-
-    async def wait_for(self, threshold: int) -> None:
-        """Return once at least ``threshold`` groups have been consumed."""
-        while self.consumed < threshold:
-            await self._changed.wait()

@@ -12,18 +12,28 @@ from typing import Any
 import trio
 
 from ..asyncio_bridge import open_user_code_runner
-from ..backends.protocol import Backend, check_loss_before_work
+from ..backends.protocol import Backend, TrainingClient, check_loss_before_work
 from ..config import Config
 from ..errors import ConfigError, one_per_fault
-from ..rl.metrics import MetricsLog, merge_by_step
 from ..rl.rollouts import ParamsPerCall
 from ..rl.step_metrics import TokenCounts
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
-from .checkpoints import CheckpointLog, CheckpointRecord
+from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
+from .gate import ConsumptionGate
 from .jsonl import read_records
-from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .ledger import DataLedger
+from .metrics_log import MetricsLog, merge_by_step
+from .pipeline import (
+    DatasetItems,
+    Evaluation,
+    RolloutSettings,
+    Run,
+    TrainerOutcome,
+    TrainerSettings,
+    run_pipeline,
+)
 from .schedules import Schedule
 from .step_runner import StepRunner
 from .weights import LatestWeights
@@ -121,11 +131,6 @@ def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> 
     return first_batch
 
 
-def _planned_steps(config: Config, schedule: Schedule, num_batches: int, first_batch_size: int) -> int:
-    planned = schedule.planned_steps(num_batches, first_batch_size)
-    return planned if config.max_steps is None else min(planned, config.max_steps)
-
-
 async def train(
     config: Config,
     *,
@@ -160,10 +165,9 @@ async def train(
             with ``except*``. The run never hangs on a failure.
     """
     first_batch = _check_before_work(config, dataset, backend)
-    schedule = config.schedule(len(first_batch))
     log_path = Path(config.log_path)
     run_folder.claim(config)
-    checkpoints = CheckpointLog(log_path)
+    checkpoint_log = CheckpointLog(log_path)
     metrics_log: MetricsLog | None = None
     try:
         # User code that needs asyncio runs on one loop that lives as long as the stages.
@@ -173,89 +177,100 @@ async def train(
             trio.open_nursery() as nursery,
         ):
             # Setting up inside the nursery makes its failures arrive like any other.
-            begin = await run_folder.start(config, backend, checkpoints)
-            training_client, start_step = begin.training_client, begin.step
-            ledger_start = (begin.cursor, begin.owed)
-            resumed = begin.resumed_from
-            start_tokens = (
-                TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
-                TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
-            )
+            begin = await run_folder.start(config, backend, checkpoint_log)
             (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
-            reference = None
-            if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
-                ref = config.kl_reference_config
-                reference = await backend.create_sampling_client(
-                    base_model=ref.base_model, model_path=ref.load_checkpoint_path
-                )
+            # Opened only now: a resume has just cut the file back to its checkpoint.
+            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=_live_buffer(task_status))
+            schedule = config.schedule(len(first_batch))
             weights = LatestWeights()
-            weights.publish(start_step, await training_client.save_weights_for_sampler(f"{start_step:06d}"))
-            has_reader = task_status is not trio.TASK_STATUS_IGNORED
-            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=LIVE_BUFFER if has_reader else 0)
+            weights.publish(begin.step, await begin.training_client.save_weights_for_sampler(f"{begin.step:06d}"))
+            ledger = DataLedger(begin.cursor, begin.owed)
+            run = Run(begin.step, schedule, weights, ledger, ConsumptionGate(), metrics_log)
             task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
             outcome = await run_pipeline(
                 nursery,
-                dataset=dataset,
-                first_batch=first_batch,
-                schedule=schedule,
-                rollout=RolloutSettings(
-                    seed=config.seed,
-                    # Built once: validating a SamplingParams per rollout showed up in profiles.
-                    sampling_params=ParamsPerCall(config.sampling_params()),
-                    error_strategy=config.rollout_strategy(),
-                    loss_fn=config.loss_fn,
-                    staleness_limit=schedule.staleness_limit,
-                    abandon_stale=schedule.abandons_stale_rollouts,
-                    reference=reference,
-                    exact_version=schedule.samples_exact_version,
+                run,
+                items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
+                rollout=await _rollout_settings(config, backend),
+                trainer=_trainer_settings(config, schedule, begin.resumed_from, len(dataset), len(first_batch)),
+                runner=_step_runner(config, begin.training_client, weights),
+                checkpoints=CheckpointKeeper(
+                    checkpoint_log, begin.training_client, ledger, weights, shielded=config.save_on_cancel
                 ),
-                trainer=TrainerSettings(
-                    start_step=start_step,
-                    groups_per_step=schedule.groups_per_step,
-                    max_steps=config.max_steps,
-                    save_every=config.save_every,
-                    save_on_cancel=config.save_on_cancel,
-                    cancel_save_timeout=config.cancel_save_timeout,
-                    planned_steps=_planned_steps(config, schedule, len(dataset), len(first_batch)),
-                    start_tokens=start_tokens,
-                    learning_rate=config.learning_rate,
-                ),
-                runner=StepRunner(
-                    training_client,
-                    weights,
-                    loss_fn=config.loss_fn,
-                    loss_fn_config=config.loss_fn_config,
-                    adam_params=config.adam_params(),
-                    remove_constant_reward_groups=config.remove_constant_reward_groups,
-                    kl_penalty_coef=config.kl_penalty_coef,
-                    kl_discount_factor=config.kl_discount_factor,
-                ),
-                training_client=training_client,
-                weights=weights,
-                metrics=metrics_log,
-                checkpoint_log=checkpoints,
-                ledger_start=ledger_start,
-                evaluators=evaluators,
-                eval_every=config.eval_every,
-                eval_timeout=config.eval_timeout,
-                max_workers=config.num_workers,
+                evaluation=Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout),
             )
     finally:
         if metrics_log is not None:
             metrics_log.close()
-    counts = outcome.counts
-    summary = metrics_log.last_final if metrics_log is not None else None
+    return _result(outcome, metrics_log, log_path, begin.step)
+
+
+def _live_buffer(task_status: trio.TaskStatus[RunHandle]) -> int:
+    """Records the live channel holds: none unless a caller of ``nursery.start`` may read them."""
+    return LIVE_BUFFER if task_status is not trio.TASK_STATUS_IGNORED else 0
+
+
+async def _rollout_settings(config: Config, backend: Backend) -> RolloutSettings:
+    reference = None
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
+        ref = config.kl_reference_config
+        reference = await backend.create_sampling_client(base_model=ref.base_model, model_path=ref.load_checkpoint_path)
+    return RolloutSettings(
+        seed=config.seed,
+        # Built once: validating a SamplingParams per rollout showed up in profiles.
+        sampling_params=ParamsPerCall(config.sampling_params()),
+        error_strategy=config.rollout_strategy(),
+        loss_fn=config.loss_fn,
+        max_workers=config.num_workers,
+        reference=reference,
+    )
+
+
+def _trainer_settings(
+    config: Config, schedule: Schedule, resumed: CheckpointRecord | None, num_batches: int, first_batch_size: int
+) -> TrainerSettings:
+    planned = schedule.planned_steps(num_batches, first_batch_size)
+    return TrainerSettings(
+        groups_per_step=schedule.groups_per_step,
+        max_steps=config.max_steps,
+        save_every=config.save_every,
+        save_on_cancel=config.save_on_cancel,
+        cancel_save_timeout=config.cancel_save_timeout,
+        planned_steps=planned if config.max_steps is None else min(planned, config.max_steps),
+        start_tokens=(
+            TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
+            TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
+        ),
+        learning_rate=config.learning_rate,
+    )
+
+
+def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights) -> StepRunner:
+    return StepRunner(
+        client,
+        weights,
+        loss_fn=config.loss_fn,
+        loss_fn_config=config.loss_fn_config,
+        adam_params=config.adam_params(),
+        remove_constant_reward_groups=config.remove_constant_reward_groups,
+        kl_penalty_coef=config.kl_penalty_coef,
+        kl_discount_factor=config.kl_discount_factor,
+    )
+
+
+def _result(outcome: TrainerOutcome, metrics_log: MetricsLog, log_path: Path, first_step: int) -> TrainResult:
+    summary = metrics_log.last_final
     assert summary is not None, "the trainer writes the final record before it returns"
     return TrainResult(
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
         checkpoint=outcome.checkpoint,
-        trained_groups=counts.trained_groups,
-        dropped_groups=counts.dropped_stale,
+        trained_groups=outcome.counts.trained_groups,
+        dropped_groups=outcome.counts.dropped_stale,
         cancelled_groups=outcome.cancelled_groups,
         summary=summary,
         metrics_path=log_path / run_folder.METRICS_FILE,
-        first_step=start_step,
+        first_step=first_step,
     )
 
 

@@ -248,3 +248,19 @@ def trained_step_metrics(
     if done.kl_tokens:
         metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
     return metrics
+
+
+def final_record(final_step: int, stopped_by_max_steps: bool, counts: RunCounts, cancelled: int) -> Metrics:
+    """The final weights' record: where every group of the run went."""
+    return {
+        "run/final_step": final_step,
+        "run/stopped_by_max_steps": int(stopped_by_max_steps),
+        "run/trained_groups": counts.trained_groups,
+        "run/dropped_stale": counts.dropped_stale,
+        "run/requeued": counts.requeued,
+        "run/cancelled_groups": cancelled,
+        "run/filtered_constant": counts.filtered_groups,
+        "run/empty_batches": counts.empty_batches,
+        "run/groups_skipped": counts.groups_skipped,
+        **rollout_error_metrics(counts),
+    }
