@@ -52,7 +52,7 @@ from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
 from .ledger import DataLedger
 from .metrics_log import MetricsLog
-from .schedules import Minibatch, Need, Position, Schedule, Verdict
+from .schedules import Admission, Minibatch, Need, Position, Schedule, Verdict
 from .step_runner import StepRunner, TrainedStep
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
@@ -224,6 +224,18 @@ class _Fresh:
     position: Position
     next_cursor: ItemKey | None
 
+    def item(self, admission: Admission) -> WorkItem:
+        """The work item for this entry, as its schedule admitted it."""
+        return WorkItem(
+            self.key,
+            self.position.order,
+            self.builder,
+            attempt=0,
+            min_version=admission.min_version,
+            step=admission.step,
+            step_size=admission.step_size,
+        )
+
 
 class DatasetItems:
     """The items a run hands out, in order: a resumed run's owed items, then the dataset from the cursor.
@@ -299,16 +311,6 @@ async def dataloader(
     data remained are handed out again; the back channel is then closed, so
     that later resamples fail fast and are counted as drops by the trainer.
     """
-
-    def take_resampled() -> list[WorkItem]:
-        taken: list[WorkItem] = []
-        while resampled is not None:
-            try:
-                taken.append(resampled.receive_nowait())
-            except trio.WouldBlock:
-                break
-        return taken
-
     notes, gate = run.ledger.notes, run.gate
     with (
         workers.closed_unless_crashed(),
@@ -321,7 +323,7 @@ async def dataloader(
                 continue
             admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if again := take_resampled():
+                if again := _ready(resampled):
                     for item in again:
                         await workers.hand_out(item)
                     continue
@@ -331,25 +333,26 @@ async def dataloader(
                 # here on wakes this wait.
                 await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
-            await workers.hand_out(
-                WorkItem(
-                    entry.key,
-                    entry.position.order,
-                    entry.builder,
-                    attempt=0,
-                    min_version=admission.min_version,
-                    step=admission.step,
-                    step_size=admission.step_size,
-                )
-            )
+            await workers.hand_out(entry.item(admission))
         # Take what was resampled while data remained and close the back channel
         # in the same step (no checkpoint between), so nothing sent back is
         # ever left unread in its buffer.
-        last = take_resampled()
+        last = _ready(resampled)
         if resampled is not None:
             resampled.close()
         for item in last:
             await workers.hand_out(item)
+
+
+def _ready(channel: trio.MemoryReceiveChannel[WorkItem] | None) -> list[WorkItem]:
+    """What ``channel`` holds now, without waiting."""
+    taken: list[WorkItem] = []
+    while channel is not None:
+        try:
+            taken.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return taken
 
 
 class WorkerPool:

@@ -192,37 +192,48 @@ def _on_policy_admission(position: Position, start_step: int) -> Admission:
     )
 
 
-class _FixedSteps(Schedule):
-    """Step ``s`` trains exactly the items admitted for it (less those skipped), once all have arrived."""
+class _StepsKnownInAdvance(Schedule):
+    """Schedules whose admission names each item's step and that step's size: Sync, Pace and Stream."""
 
     def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
         super().__init__(groups_per_step, num_substeps, staleness_limit)
         self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
         self._skipped_by_step: dict[int, int] = defaultdict(int)
-        self._size: dict[int, int] = {}
-        self._planned: tuple[int, list[Minibatch]] = (-1, [])
+        # Each step's group count, known once its first group arrives.
+        self._sizes: dict[int, int] = {}
 
     def sort(self, delivery: Delivery, step: int) -> Verdict:
         item_step = delivery.item.step
         assert not isinstance(delivery, AbandonedGroup) and item_step is not None
-        self._size[item_step] = delivery.item.step_size or 0
+        self._sizes.setdefault(item_step, delivery.item.step_size or 0)
         if isinstance(delivery, SkippedGroup):
             self._skipped_by_step[item_step] += 1
             return Verdict.SKIP
         self._by_step[item_step].append(delivery)
         return Verdict.KEEP
 
+    def _arrived(self, step: int) -> int:
+        """The groups of ``step`` received and not yet trained, skipped ones included."""
+        return len(self._by_step.get(step, ())) + self._skipped_by_step.get(step, 0)
+
+
+class _FixedSteps(_StepsKnownInAdvance):
+    """Step ``s`` trains exactly the items admitted for it (less those skipped), once all have arrived."""
+
+    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit)
+        self._planned: tuple[int, list[Minibatch]] = (-1, [])
+
     def need(self, step: int, ended: bool) -> Need:
         if self._planned[0] == step or ended:
             return Need.NOTHING
-        arrived = len(self._by_step.get(step, ())) + self._skipped_by_step.get(step, 0)
-        complete = step in self._size and arrived >= self._size[step]
+        complete = step in self._sizes and self._arrived(step) >= self._sizes[step]
         return Need.NOTHING if complete else Need.ANOTHER_GROUP
 
     def next_minibatch(self, step: int) -> Minibatch | None:
         if self._planned[0] != step:
             groups = sorted(self._by_step.pop(step, []), key=_by_order)
-            self._size.pop(step, None)
+            self._sizes.pop(step, None)
             self._planned = self._substeps(step, groups, self._skipped_by_step.pop(step, 0))
         return self._planned[1].pop(0) if self._planned[1] else None
 
@@ -257,7 +268,7 @@ class Pace(_FixedSteps):
         )
 
 
-class Stream(Schedule):
+class Stream(_StepsKnownInAdvance):
     """Sync on-policy, with each step's batch trained in minibatches as soon as each fills.
 
     A minibatch takes the earliest-admitted groups of its step once enough have
@@ -268,10 +279,6 @@ class Stream(Schedule):
         super().__init__(groups_per_step, num_substeps)
         self.num_minibatches = num_minibatches
         self._per_substep = max(1, num_minibatches // num_substeps)
-        self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
-        self._skipped_by_step: dict[int, int] = defaultdict(int)
-        # Each step's group count, known once its first group arrives.
-        self._sizes: dict[int, int] = {}
         self._planned: tuple[int, list[int]] = (-1, [])
         self._index = 0
 
@@ -280,24 +287,13 @@ class Stream(Schedule):
     def admit(self, position: Position, start_step: int) -> Admission:
         return _on_policy_admission(position, start_step)
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
-        item_step = delivery.item.step
-        assert not isinstance(delivery, AbandonedGroup) and item_step is not None
-        self._sizes.setdefault(item_step, delivery.item.step_size or self.num_minibatches)
-        if isinstance(delivery, SkippedGroup):
-            self._skipped_by_step[item_step] += 1
-            return Verdict.SKIP
-        self._by_step[item_step].append(delivery)
-        return Verdict.KEEP
-
     def need(self, step: int, ended: bool) -> Need:
         if step not in self._sizes:
             return Need.NOTHING if ended else Need.ANOTHER_GROUP
         sizes = self._minibatch_sizes(step)
         if self._index >= len(sizes):
             return Need.NOTHING
-        arrived = len(self._by_step[step]) + self._skipped_by_step[step]
-        return Need.ANOTHER_GROUP if arrived < sizes[self._index] and not ended else Need.THIS_INSTANT
+        return Need.ANOTHER_GROUP if self._arrived(step) < sizes[self._index] and not ended else Need.THIS_INSTANT
 
     def next_minibatch(self, step: int) -> Minibatch | None:
         if step not in self._sizes:

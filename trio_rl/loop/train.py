@@ -120,6 +120,14 @@ async def _one_error_per_fault() -> AsyncGenerator[None, None]:
         raise deduplicated from None
 
 
+@asynccontextmanager
+async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
+    """The nursery of the run's stages, which raises one error per fault."""
+    # User code that needs asyncio runs on one loop that lives as long as the stages.
+    async with _one_error_per_fault(), open_user_code_runner(config.asyncio_bridge), trio.open_nursery() as nursery:
+        yield nursery
+
+
 def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
     """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
@@ -165,44 +173,48 @@ async def train(
             with ``except*``. The run never hangs on a failure.
     """
     first_batch = _check_before_work(config, dataset, backend)
-    log_path = Path(config.log_path)
     run_folder.claim(config)
-    checkpoint_log = CheckpointLog(log_path)
-    metrics_log: MetricsLog | None = None
+    checkpoint_log = CheckpointLog(Path(config.log_path))
+    run: Run | None = None
     try:
-        # User code that needs asyncio runs on one loop that lives as long as the stages.
-        async with (
-            _one_error_per_fault(),
-            open_user_code_runner(config.asyncio_bridge),
-            trio.open_nursery() as nursery,
-        ):
+        async with _run_nursery(config) as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
             begin = await run_folder.start(config, backend, checkpoint_log)
-            (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
-            # Opened only now: a resume has just cut the file back to its checkpoint.
-            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=_live_buffer(task_status))
-            schedule = config.schedule(len(first_batch))
-            weights = LatestWeights()
-            weights.publish(begin.step, await begin.training_client.save_weights_for_sampler(f"{begin.step:06d}"))
-            ledger = DataLedger(begin.cursor, begin.owed)
-            run = Run(begin.step, schedule, weights, ledger, ConsumptionGate(), metrics_log)
-            task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
+            run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
+            rollout = await _rollout_settings(config, backend)
+            run.weights.publish(begin.step, await begin.training_client.save_weights_for_sampler(f"{begin.step:06d}"))
+            task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
             outcome = await run_pipeline(
                 nursery,
                 run,
                 items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
-                rollout=await _rollout_settings(config, backend),
-                trainer=_trainer_settings(config, schedule, begin.resumed_from, len(dataset), len(first_batch)),
-                runner=_step_runner(config, begin.training_client, weights),
+                rollout=rollout,
+                trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
+                runner=_step_runner(config, begin.training_client, run.weights),
                 checkpoints=CheckpointKeeper(
-                    checkpoint_log, begin.training_client, ledger, weights, shielded=config.save_on_cancel
+                    checkpoint_log, begin.training_client, run.ledger, run.weights, shielded=config.save_on_cancel
                 ),
                 evaluation=Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout),
             )
     finally:
-        if metrics_log is not None:
-            metrics_log.close()
-    return _result(outcome, metrics_log, log_path, begin.step)
+        if run is not None:
+            run.metrics.close()
+    assert run is not None, "the run was opened before its pipeline returned"
+    return _result(outcome, run.metrics, Path(config.log_path), begin.step)
+
+
+def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, live_buffer: int) -> Run:
+    """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
+    log_path = Path(config.log_path)
+    (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
+    return Run(
+        start_step=begin.step,
+        schedule=config.schedule(first_batch_size),
+        weights=LatestWeights(),
+        ledger=DataLedger(begin.cursor, begin.owed),
+        gate=ConsumptionGate(),
+        metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
+    )
 
 
 def _live_buffer(task_status: trio.TaskStatus[RunHandle]) -> int:
