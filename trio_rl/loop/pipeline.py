@@ -43,7 +43,15 @@ from ..errors import NonFiniteError
 from ..rl.data import assemble_training_data
 from ..rl.kl import reference_logprob_diffs
 from ..rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
-from ..rl.step_metrics import RunCounts, TokenCounts, final_record, group_metrics, step_tokens, trained_step_metrics
+from ..rl.step_metrics import (
+    RunCounts,
+    TokenCounts,
+    final_record,
+    group_metrics,
+    rollout_tokens,
+    step_tokens,
+    trained_step_metrics,
+)
 from ..rl.summary import GroupSummary
 from ..types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from .checkpoints import CheckpointKeeper, CheckpointRecord
@@ -513,9 +521,10 @@ def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]
 class GroupIntake:
     """The trainer's receive side: every group delivered is sorted by the schedule, and its verdict carried out here.
 
-    This is the one place where a group's fate is counted: skipped, resampled
-    or dropped. A group that leaves this way is retired from the ledger (unless
-    it is sampled again) and frees its admission slot at once: a step may wait
+    This is the one place where a group's fate before its step is carried out:
+    skipped, filtered, resampled or dropped. A group that leaves this way is
+    retired from the ledger (unless it is sampled again) and frees its
+    admission slot at once: a step may wait
     for groups that are only admitted once slots held by failed groups are free,
     and a straggler that kept its slot through every retry would starve the run.
     """
@@ -536,6 +545,7 @@ class GroupIntake:
         self.ended = False
         """Whether every worker has exited (the channel reached ``EndOfChannel``)."""
         self.requeued = self.dropped_stale = self.groups_skipped = 0
+        self._filtered: list[FinishedGroup] = []
 
     def expire(self, step: int) -> None:
         """Resample the held groups that ``step`` may no longer train."""
@@ -560,6 +570,11 @@ class GroupIntake:
         async for _ in self._groups:
             pass
 
+    def take_filtered(self) -> list[FinishedGroup]:
+        """The groups filtered out on arrival since the last call, for the trainer's record."""
+        filtered, self._filtered = self._filtered, []
+        return filtered
+
     def _sort_ready(self, step: int) -> None:
         while True:
             try:
@@ -578,6 +593,11 @@ class GroupIntake:
             self._gate.consume(1)
         elif verdict is Verdict.RESAMPLE:
             self._resample_or_drop(delivery.item)
+        elif verdict is Verdict.FILTER:
+            assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"
+            self._filtered.append(delivery)
+            self._ledger.retire([delivery.item.key])
+            self._gate.consume(1)
 
     def _resample_or_drop(self, item: WorkItem) -> None:
         assert self._resample is not None, "a schedule that resamples opens the back edge (Schedule.resamples)"
@@ -684,15 +704,20 @@ class Trainer:
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
 
-    def _tally(self, counts: RunCounts) -> RunCounts:
-        """``counts`` with the group fates the intake and the ledger have counted so far."""
-        intake, ledger = self._intake, self._run.ledger
+    def _tally(self, counts: RunCounts, filtered: Sequence[FinishedGroup] = ()) -> RunCounts:
+        """``counts`` with every group fate counted since: the intake's and the ledger's, and ``filtered`` (a step's own)."""
+        intake = self._intake
+        filtered = [*filtered, *intake.take_filtered()]
+        discarded = rollout_tokens(filtered)
         return replace(
             counts,
             requeued=intake.requeued,
             dropped_stale=intake.dropped_stale,
             groups_skipped=intake.groups_skipped,
-            empty_batches=ledger.empty_batches,
+            empty_batches=self._run.ledger.empty_batches,
+            filtered_groups=counts.filtered_groups + len(filtered),
+            cumulative_tokens=counts.cumulative_tokens + discarded,
+            discarded_tokens=counts.discarded_tokens + discarded,
         )
 
     def _record(self, done: TrainedStep) -> None:
@@ -700,19 +725,16 @@ class Trainer:
         ledger.retire(g.item.key for g in done.taken)
         c = self.counts
         trained_ids = {id(g) for g in done.trained}
-        tokens, discarded = step_tokens(
-            done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted
-        )
+        tokens = step_tokens(done.trained, done.submitted)
         self.counts = self._tally(
             replace(
                 c,
                 trained_groups=c.trained_groups + len(done.trained),
-                filtered_groups=c.filtered_groups + len(done.taken) - len(done.trained),
                 in_flight_max=max(c.in_flight_max, len(ledger.outstanding)),
                 error_types=c.with_errors_of(done.taken),
-                cumulative_tokens=c.cumulative_tokens + tokens + discarded,
-                discarded_tokens=c.discarded_tokens + discarded,
-            )
+                cumulative_tokens=c.cumulative_tokens + tokens,
+            ),
+            filtered=[g for g in done.taken if id(g) not in trained_ids],
         )
         metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
         if not math.isfinite(metrics["train/loss:sum"]):

@@ -18,7 +18,7 @@ counts or touches the ledger. The pipeline's stages ask it:
   :meth:`Schedule.gives_up_at`: whether its weights are fixed in advance, and
   when a rollout is too stale to be worth finishing;
 - the trainer, for every group it receives, :meth:`Schedule.sort`: keep it for a
-  step, skip it (it failed), or have it sampled again; at each step's start,
+  step, skip it (it failed), filter it out, or have it sampled again; at each step's start,
   :meth:`Schedule.expired`: kept groups that became too stale; and for each
   minibatch, :meth:`Schedule.need` (must more groups arrive before it is
   decided?) and then :meth:`Schedule.next_minibatch`.
@@ -77,6 +77,8 @@ class Verdict(enum.Enum):
     """It failed beyond its error tolerance: counted, never trained, its slot free at once."""
     RESAMPLE = enum.auto()
     """Too stale (or given up): sampled again while the dataset has data, else dropped."""
+    FILTER = enum.auto()
+    """No learning signal (constant rewards): counted as filtered, its tokens as discarded, never trained, its slot free at once."""
 
 
 class Need(enum.Enum):
