@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,7 @@ class MetricsLog:
     Nothing is kept in memory: a long run's records live in the file. The live
     channel exists only for a run that has a reader (``nursery.start``), and holds
     at most ``live_buffer`` records a slow reader has not taken yet; records past
-    that are not mirrored (they are still in the file) and are counted in
-    :attr:`live_dropped`.
+    that are not mirrored (they are still in the file).
 
     Args:
         path: the ``metrics.jsonl`` to append to.
@@ -35,8 +35,6 @@ class MetricsLog:
         self._jsonl = JsonlSink(path) if path is not None else None
         self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](live_buffer)
         self._mirror = live_buffer > 0
-        self.live_dropped = 0
-        """Records not mirrored on the live channel because its reader fell behind."""
         self.last_final: dict[str, Any] | None = None
         """The newest end-of-run record written (the one with ``run/final_step``)."""
 
@@ -48,10 +46,9 @@ class MetricsLog:
         if self._jsonl is not None:
             self._jsonl.write(record)
         if self._mirror:
-            try:
+            # A reader that fell behind (or left) misses the record; it is in the file.
+            with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
                 self._live_send.send_nowait(record)
-            except (trio.WouldBlock, trio.BrokenResourceError):
-                self.live_dropped += 1
 
     def close(self) -> None:
         """Close the file and end the live channel."""

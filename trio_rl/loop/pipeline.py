@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import trio
 
@@ -53,14 +52,16 @@ from ..rl.step_metrics import (
     trained_step_metrics,
 )
 from ..rl.summary import GroupSummary
-from ..types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
+from ..types import Metrics, TrajectoryGroup
+from .channels import closed_unless_crashed, ready, send_downstream
 from .checkpoints import CheckpointKeeper, CheckpointRecord
 from .determinism import derive_seed, settle
-from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
+from .evaluation import EvalRequests, EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
+from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog
-from .schedules import Admission, Minibatch, Need, Position, Schedule, Verdict
+from .schedules import Minibatch, Need, Schedule, Verdict
 from .step_runner import StepRunner, TrainedStep
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
@@ -178,118 +179,11 @@ async def run_pipeline(
             intake=GroupIntake(groups_recv, run, resample_send, stop_rollouts),
             runner=runner,
             checkpoints=checkpoints,
-            evals=_EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights),
+            evals=EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights),
         ).run()
 
 
-async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> None:
-    """Send ``value``; if the receivers are gone, let the crash that removed them speak.
-
-    Receivers only disappear when a stage crashed, and the crash cancels the
-    nursery. A checkpoint lets that cancellation arrive, so the run reports the
-    crash rather than a ``BrokenResourceError`` beside it.
-    """
-    try:
-        await channel.send(value)
-    except trio.BrokenResourceError:
-        await trio.lowlevel.checkpoint()
-        raise
-
-
-@contextmanager
-def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Generator[None, None, None]:
-    """Close ``channels`` when the block ends or is cancelled, but not when it raises.
-
-    Closing is how the end of data travels downstream. A stage that crashed has
-    not reached the end of its data: its channels stay open, so the stage
-    downstream waits until the crash's cancellation reaches it instead of
-    mistaking the crash for the end of data (and, say, training a partial step
-    and saving it as final).
-    """
-    try:
-        yield
-    except Exception:
-        raise
-    except BaseException:
-        _close_all(channels)
-        raise
-    else:
-        _close_all(channels)
-
-
-def _close_all(channels: Sequence[trio.abc.AsyncResource]) -> None:
-    for channel in channels:
-        channel.close()  # type: ignore[attr-defined]
-
-
 # ---------------------------------------------------------------- dataloader
-
-
-@dataclass(frozen=True)
-class _Fresh:
-    key: ItemKey
-    builder: EnvGroupBuilder
-    position: Position
-    next_cursor: ItemKey | None
-
-    def item(self, admission: Admission) -> WorkItem:
-        """The work item for this entry, as its schedule admitted it."""
-        return WorkItem(
-            self.key,
-            self.position.order,
-            self.builder,
-            attempt=0,
-            min_version=admission.min_version,
-            step=admission.step,
-            step_size=admission.step_size,
-        )
-
-
-class DatasetItems:
-    """The items a run hands out, in order: a resumed run's owed items, then the dataset from the cursor.
-
-    Each dataset batch is built once (the first one was already built to check the configuration).
-    """
-
-    def __init__(
-        self, dataset: RLDataset, first_batch: Sequence[EnvGroupBuilder], cursor: ItemKey, owed: Sequence[ItemKey]
-    ) -> None:
-        self._dataset = dataset
-        self._cursor = cursor
-        self._owed: dict[int, list[int]] = {}
-        for key in sorted(owed):
-            self._owed.setdefault(key.batch, []).append(key.group)
-        self._cached: tuple[int, Sequence[EnvGroupBuilder]] = (0, first_batch)
-
-    def _batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        if self._cached[0] != index:
-            self._cached = (index, self._dataset.get_batch(index))
-        return self._cached[1]
-
-    def __iter__(self) -> Iterator[_Fresh | ItemKey]:
-        """Fresh items, and for each empty dataset batch the cursor past it."""
-        cursor = self._cursor
-        order = batch_number = batch_start = previous_start = 0
-        batches = sorted(set(self._owed) | set(range(cursor.batch, len(self._dataset))))
-        for b in batches:
-            builders = self._batch(b)
-            owed = self._owed.get(b, [])
-            fresh = range(cursor.group if b == cursor.batch else 0, len(builders)) if b >= cursor.batch else range(0)
-            groups = [(g, None) for g in owed] + [(g, _after(b, g, len(builders))) for g in fresh]
-            if not groups:
-                if b >= cursor.batch:
-                    yield ItemKey(b + 1, 0)
-                continue
-            previous_start, batch_start = batch_start, order
-            for g, next_cursor in groups:
-                position = Position(order, batch_number, batch_start, previous_start, len(groups))
-                yield _Fresh(ItemKey(b, g), builders[g], position, next_cursor)
-                order += 1
-            batch_number += 1
-
-
-def _after(batch: int, group: int, batch_size: int) -> ItemKey:
-    return ItemKey(batch, group + 1) if group + 1 < batch_size else ItemKey(batch + 1, 0)
 
 
 async def dataloader_with_workers(
@@ -331,7 +225,7 @@ async def dataloader(
                 continue
             admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if again := _ready(resampled):
+                if again := ready(resampled):
                     for item in again:
                         await workers.hand_out(item)
                     continue
@@ -345,22 +239,11 @@ async def dataloader(
         # Take what was resampled while data remained and close the back channel
         # in the same step (no checkpoint between), so nothing sent back is
         # ever left unread in its buffer.
-        last = _ready(resampled)
+        last = ready(resampled)
         if resampled is not None:
             resampled.close()
         for item in last:
             await workers.hand_out(item)
-
-
-def _ready(channel: trio.MemoryReceiveChannel[WorkItem] | None) -> list[WorkItem]:
-    """What ``channel`` holds now, without waiting."""
-    taken: list[WorkItem] = []
-    while channel is not None:
-        try:
-            taken.append(channel.receive_nowait())
-        except trio.WouldBlock:
-            break
-    return taken
 
 
 class WorkerPool:
@@ -387,7 +270,7 @@ class WorkerPool:
         self._weights = run.weights
         self._max = math.inf if settings.max_workers is None else settings.max_workers
         self._nursery: trio.Nursery | None = None
-        self.started = 0
+        self._started = 0
 
     def start_in(self, nursery: trio.Nursery) -> None:
         """Start workers in ``nursery`` from now on."""
@@ -400,9 +283,9 @@ class WorkerPool:
             return
         except trio.WouldBlock:
             pass
-        if self.started < self._max:
+        if self._started < self._max:
             assert self._nursery is not None, "start_in() before hand_out()"
-            self.started += 1
+            self._started += 1
             self._nursery.start_soon(
                 rollout_worker,
                 self._items_recv.clone(),
@@ -613,24 +496,6 @@ class GroupIntake:
         self._gate.consume(1)
 
 
-class _EvalRequests:
-    """The trainer's side of the evaluator channel."""
-
-    def __init__(
-        self, schedule: EvalSchedule, send: trio.MemorySendChannel[tuple[int, SamplingClient]], weights: LatestWeights
-    ) -> None:
-        self._schedule = schedule
-        self._send = send
-        self._weights = weights
-
-    async def request_if_due(self, version: int, *, final: bool = False) -> None:
-        if self._schedule.due(version, final=final):
-            await send_downstream(self._send, (version, self._weights.latest()[1]))
-
-    def close(self) -> None:
-        self._send.close()
-
-
 class Trainer:
     """Trains the schedule's steps, records each, checkpoints, and asks for evaluations."""
 
@@ -642,7 +507,7 @@ class Trainer:
         intake: GroupIntake,
         runner: StepRunner,
         checkpoints: CheckpointKeeper,
-        evals: _EvalRequests,
+        evals: EvalRequests,
     ) -> None:
         self._settings = settings
         self._run = run

@@ -22,11 +22,11 @@ from . import run_folder
 from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
 from .gate import ConsumptionGate
+from .items import DatasetItems
 from .jsonl import read_records
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
 from .pipeline import (
-    DatasetItems,
     Evaluation,
     RolloutSettings,
     Run,
