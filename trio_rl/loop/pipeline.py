@@ -404,12 +404,12 @@ def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]
 class GroupIntake:
     """The trainer's receive side: every group delivered is sorted by the schedule, and its verdict carried out here.
 
-    This is the one place where a group's fate before its step is carried out:
-    skipped, filtered, resampled or dropped. A group that leaves this way is
-    retired from the ledger (unless it is sampled again) and frees its
-    admission slot at once: a step may wait
-    for groups that are only admitted once slots held by failed groups are free,
-    and a straggler that kept its slot through every retry would starve the run.
+    This is the one place where a group's fate before its step is carried out
+    and counted: skipped, filtered, resampled or dropped. A group that leaves
+    this way is retired from the ledger (unless it is sampled again) and frees
+    its admission slot at once: a step may wait for groups that are only
+    admitted once slots held by failed groups are free, and a straggler that
+    kept its slot through every retry would starve the run.
     """
 
     def __init__(
