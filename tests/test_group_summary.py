@@ -9,7 +9,8 @@ import trio
 
 from trio_rl import AsyncConfig, Config, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition, train
 from trio_rl import _tinker_compat as compat
-from trio_rl.rl.metrics import GroupSummary, summary_metrics, trajectory_metrics
+from trio_rl.rl.metrics import summary_metrics, trajectory_metrics
+from trio_rl.rl.summary import GroupSummary
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 # Summed in another order than trajectory order, these give another float.

@@ -1,7 +1,7 @@
 """Experiment logging: one small interface, several sinks, the same records in the same order.
 
 A record is one line of ``metrics.jsonl``: ``{"step": n, "<metric>": value, ...}``, written
-the moment it is made (see :class:`trio_rl.rl.metrics.MetricsLog`): a training step's record when
+the moment it is made (see :class:`trio_rl.loop.metrics_log.MetricsLog`): a training step's record when
 the step ends, an evaluation's when the evaluation ends, under the step whose weights it
 evaluated, so an evaluation's record may come after later steps' records.
 Every sink receives exactly those records, in the order they are written:

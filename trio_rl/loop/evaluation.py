@@ -11,6 +11,8 @@ from ..asyncio_bridge import call_evaluator
 from ..backends.protocol import SamplingClient
 from ..errors import EvaluationTimeoutError
 from ..types import Metrics
+from .channels import send_downstream
+from .weights import LatestWeights
 
 
 class SamplingClientEvaluator(Protocol):
@@ -66,3 +68,23 @@ class EvalSchedule:
             return False
         self._last = version
         return True
+
+
+class EvalRequests:
+    """The trainer's side of the evaluator channel."""
+
+    def __init__(
+        self, schedule: EvalSchedule, send: trio.MemorySendChannel[tuple[int, SamplingClient]], weights: LatestWeights
+    ) -> None:
+        self._schedule = schedule
+        self._send = send
+        self._weights = weights
+
+    async def request_if_due(self, version: int, *, final: bool = False) -> None:
+        """Send ``version``'s sampling client to the evaluator if its evaluation is due."""
+        if self._schedule.due(version, final=final):
+            await send_downstream(self._send, (version, self._weights.latest()[1]))
+
+    def close(self) -> None:
+        """No more requests: the evaluator ends once it has done those sent."""
+        self._send.close()

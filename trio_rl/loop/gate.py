@@ -6,7 +6,7 @@ import trio
 
 
 class ConsumptionGate:
-    """Counts groups the trainer has consumed: trained (its step's weights published), requeued or dropped.
+    """Counts groups the trainer has consumed: trained (its step's weights published), skipped, filtered, resampled or dropped.
 
     The trainer is its only writer. The dataloader waits on it to bound what is
     handed out but not yet consumed: an item is handed out once ``consumed``
@@ -24,22 +24,13 @@ class ConsumptionGate:
         if n <= 0:
             return
         self.consumed += n
-        self.nudge()
-
-    def nudge(self) -> None:
-        """Wake the waiters without consuming: the trainer sent work back to the dataloader."""
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
     async def wait_for_change(self) -> None:
-        """Return at the next :meth:`consume` or :meth:`nudge`.
+        """Return at the next :meth:`consume`.
 
         Check the condition you wait for, then call this with no checkpoint in
         between: a change after the check always wakes you.
         """
         await self._changed.wait()
-
-    async def wait_for(self, threshold: int) -> None:
-        """Return once at least ``threshold`` groups have been consumed."""
-        while self.consumed < threshold:
-            await self._changed.wait()

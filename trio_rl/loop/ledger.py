@@ -1,10 +1,10 @@
 """The data ledger: which dataset items a run has handed out and not yet trained or dropped.
 
 The trainer task owns it. The dataloader never writes to it: it sends a
-:class:`~trio_rl.loop.work.Handout` note for every item it hands out, and the ledger
-reads those notes (without waiting) before it is consulted. The dataloader
-sends a note before the item itself, so an item that reaches the trainer is
-always already in the ledger once the notes are read.
+:class:`~trio_rl.loop.work.Handout` note on :attr:`DataLedger.notes` for every
+item it hands out, and the ledger reads those notes (without waiting) before it
+is consulted. The dataloader sends a note before the item itself, so an item
+that reaches the trainer is always already in the ledger once the notes are read.
 
 A checkpoint records the ledger's cursor and outstanding items, so that a
 resumed run neither loses nor replays an item.
@@ -12,6 +12,7 @@ resumed run neither loses nor replays an item.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import trio
@@ -25,17 +26,14 @@ class DataLedger:
     Args:
         cursor: the first dataset position not yet handed out.
         outstanding: items handed out before a resume and still owed.
-        notes: the receive side of the dataloader's :class:`Handout` channel.
     """
 
-    def __init__(
-        self, cursor: ItemKey, outstanding: Iterable[ItemKey], notes: trio.MemoryReceiveChannel[Handout]
-    ) -> None:
+    def __init__(self, cursor: ItemKey, outstanding: Iterable[ItemKey]) -> None:
         self.cursor = cursor
-        self._notes = notes
+        # Unbounded: the dataloader notes a hand-out without ever waiting for the trainer.
+        self.notes, self._notes = trio.open_memory_channel[Handout](math.inf)
+        """The dataloader's end of the notes channel; it closes it when it is done."""
         self._outstanding: dict[ItemKey, None] = dict.fromkeys(outstanding)
-        self.handed_out = 0
-        """Items handed out in this run (requeued attempts not counted)."""
         self.empty_batches = 0
         """Empty dataset batches the dataloader skipped."""
 
@@ -48,10 +46,9 @@ class DataLedger:
                 return
             if note.key is None:
                 self.empty_batches += 1
-            elif note.key not in self._outstanding:
-                # A resumed run's owed items are outstanding already.
-                self._outstanding[note.key] = None
-                self.handed_out += 1
+            else:
+                # A resumed run's owed items are outstanding already; setdefault keeps their place.
+                self._outstanding.setdefault(note.key, None)
             if note.next_cursor is not None:
                 self.cursor = note.next_cursor
 

@@ -4,7 +4,7 @@
 
     dataloader ──items──▶ rollout_worker × N ──groups──▶ trainer ──(step, client)──▶ evaluator
        │  ▲                                                │ │
-       │  └────────── requeue (Requeue schedule only) ◀────┘ │
+       │  └──────────── resample (Requeue only) ◀──────────┘ │
        └──────────────── handout notes ─────────────────────▶┘ (the data ledger)
 
 Every arrow is a memory channel, and every channel end has one owner that
@@ -14,51 +14,81 @@ closes it. The end of data needs no bookkeeping: the dataloader closes
 trainer sees ``EndOfChannel``, trains what it holds, and closes the
 evaluator's channel. Any exception cancels the whole nursery.
 
-What differs between modes comes from the run's :class:`~trio_rl.loop.schedules.Schedule`:
-the dataloader asks it how to admit each item, and the trainer trains the
-plans its planner makes. The stages below appear in the order data flows
-through them: :func:`dataloader` (with its :class:`WorkerPool`),
-:func:`rollout_worker`, :class:`Trainer` and :func:`evaluator`.
+What differs between modes is decided by the run's :class:`~trio_rl.loop.schedules.Schedule`,
+which the stages ask and which does nothing itself. This module reads in the
+order a group travels: :func:`run_pipeline` wires the stages; the
+:func:`dataloader` admits an item and hands it to a :func:`rollout_worker`,
+which samples it (:func:`run_work_item`) and sends the finished group to the
+trainer; the trainer's :class:`GroupIntake` receives it and carries out the
+schedule's verdict on it; the :class:`Trainer` submits each minibatch the
+schedule decides (to the :class:`~trio_rl.loop.step_runner.StepRunner`, which
+calls ``forward_backward`` and ``optim_step`` and publishes the new weights),
+records the step and frees its groups' admission slots; last, the
+:func:`evaluator`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import trio
 
-from ..backends.protocol import SamplingClient, TrainingClient
+from ..backends.protocol import SamplingClient
 from ..errors import NonFiniteError, stops_the_run
 from ..rl.data import assemble_training_data
 from ..rl.kl import reference_logprob_diffs
-from ..rl.metrics import GroupSummary, MetricsLog
 from ..rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ..rl.step_metrics import (
     RunCounts,
     TokenCounts,
+    final_record,
     group_metrics,
-    rollout_error_metrics,
+    rollout_tokens,
     step_tokens,
     trained_step_metrics,
 )
-from ..types import EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
-from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
+from ..rl.summary import GroupSummary
+from ..types import Metrics, TrajectoryGroup
+from .channels import closed_unless_crashed, ready, send_downstream
+from .checkpoints import CheckpointKeeper, CheckpointRecord
 from .determinism import derive_seed, settle
-from .evaluation import EvalSchedule, SamplingClientEvaluator, evaluate
+from .evaluation import EvalRequests, EvalSchedule, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
+from .items import DatasetItems
 from .ledger import DataLedger
-from .schedules import GroupInbox, PlannerInputs, Position, Schedule, StepPlanner
+from .metrics_log import MetricsLog
+from .schedules import Minibatch, Need, Schedule, Verdict
 from .step_runner import StepRunner, TrainedStep
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
 
 EVAL_QUEUE_SIZE = 4
 """Due evaluations that may wait while the evaluator is busy before the trainer waits too."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every stage of one run shares; built by :func:`trio_rl.train`.
+
+    Attributes:
+        start_step: the step this run starts at (0, or the step resumed from).
+        schedule: the mode's decisions (one fresh schedule per run).
+        weights: the newest sampling client; the trainer publishes, the workers read.
+        ledger: the items handed out and not yet trained or dropped (the trainer's).
+        gate: the groups the trainer has consumed, which the dataloader waits on.
+        metrics: the run's ``metrics.jsonl``.
+    """
+
+    start_step: int
+    schedule: Schedule
+    weights: LatestWeights
+    ledger: DataLedger
+    gate: ConsumptionGate
+    metrics: MetricsLog
 
 
 @dataclass(frozen=True)
@@ -69,9 +99,8 @@ class RolloutSettings:
     sampling_params: ParamsPerCall
     error_strategy: ErrorStrategy
     loss_fn: str
-    staleness_limit: int
-    abandon_stale: bool
-    exact_version: bool
+    max_workers: int | None = None
+    """The most rollout workers at once (None: as many as items in flight)."""
     reference: SamplingClient | None = None
     """The KL penalty's reference model, when there is one."""
 
@@ -80,7 +109,6 @@ class RolloutSettings:
 class TrainerSettings:
     """What the trainer needs besides its collaborators."""
 
-    start_step: int
     groups_per_step: int
     max_steps: int | None
     save_every: int
@@ -92,6 +120,15 @@ class TrainerSettings:
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_tokens: tuple[TokenCounts, TokenCounts] = (TokenCounts(), TokenCounts())
     """Cumulative and discarded tokens before this run (from the checkpoint resumed)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluators, how often they run (every ``every``-th step and the final weights), and their time limit."""
+
+    evaluators: tuple[SamplingClientEvaluator, ...]
+    every: int
+    timeout: float
 
 
 @dataclass(frozen=True)
@@ -107,22 +144,14 @@ class TrainerOutcome:
 
 async def run_pipeline(
     nursery: trio.Nursery,
+    run: Run,
     *,
-    dataset: RLDataset,
-    first_batch: Sequence[EnvGroupBuilder],
-    schedule: Schedule,
+    items: DatasetItems,
     rollout: RolloutSettings,
     trainer: TrainerSettings,
     runner: StepRunner,
-    training_client: TrainingClient,
-    weights: LatestWeights,
-    metrics: MetricsLog,
-    checkpoint_log: CheckpointLog,
-    ledger_start: tuple[ItemKey, Sequence[ItemKey]],
-    evaluators: Sequence[SamplingClientEvaluator],
-    eval_every: int,
-    eval_timeout: float,
-    max_workers: int | None,
+    checkpoints: CheckpointKeeper,
+    evaluation: Evaluation,
 ) -> TrainerOutcome:
     """Open the channels, start every stage in ``nursery``, and run the trainer in this task.
 
@@ -133,235 +162,88 @@ async def run_pipeline(
     # Unbounded so that a worker never waits for the trainer to take its group;
     # admission already bounds what can pile up here.
     groups_send, groups_recv = trio.open_memory_channel[Delivery](math.inf)
-    notes_send, notes_recv = trio.open_memory_channel[Handout](math.inf)
     # The back edge of a cycle must never block: the trainer sends without
     # waiting, the dataloader drains.
-    requeue_send, requeue_recv = trio.open_memory_channel[WorkItem](math.inf) if schedule.back_edge else (None, None)
-    evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
-    cursor, owed = ledger_start
-    ledger = DataLedger(cursor, owed, notes_recv)
-    gate = ConsumptionGate()
-    rollouts_scope = trio.CancelScope()
-    nursery.start_soon(evaluator, tuple(evaluators), evals_recv, metrics, eval_timeout)
-    nursery.start_soon(
-        rollouts,
-        rollouts_scope,
-        _DatasetItems(dataset, first_batch, cursor, owed),
-        schedule,
-        trainer.start_step,
-        gate,
-        (items_send, items_recv, groups_send),
-        notes_send,
-        requeue_recv,
-        rollout,
-        weights,
-        max_workers,
+    resample_send, resample_recv = (
+        trio.open_memory_channel[WorkItem](math.inf) if run.schedule.resamples else (None, None)
     )
-    inbox = GroupInbox(groups_recv)
-    with groups_recv, evals_send, requeue_send if requeue_send is not None else nullcontext():
+    evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
+    stop_rollouts = trio.CancelScope()
+    nursery.start_soon(evaluator, evaluation, evals_recv, run.metrics)
+    workers = WorkerPool(items_send, items_recv, groups_send, rollout, run)
+    nursery.start_soon(dataloader_with_workers, stop_rollouts, items, run, workers, resample_recv)
+    with groups_recv, evals_send, resample_send if resample_send is not None else nullcontext():
         return await Trainer(
             trainer,
-            inbox=inbox,
-            planner=schedule.planner(PlannerInputs(inbox, gate, ledger, requeue_send)),
+            run=run,
+            intake=GroupIntake(groups_recv, run, resample_send, stop_rollouts),
             runner=runner,
-            ledger=ledger,
-            checkpoints=CheckpointKeeper(
-                checkpoint_log,
-                training_client,
-                ledger,
-                weights,
-                shielded=trainer.save_on_cancel,
-                cancel_save_timeout=trainer.cancel_save_timeout,
-            ),
-            gate=gate,
-            evals=_EvalRequests(EvalSchedule(bool(evaluators), eval_every), evals_send, weights),
-            metrics=metrics,
-            stop_rollouts=rollouts_scope,
+            checkpoints=checkpoints,
+            evals=EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights),
         ).run()
-
-
-async def send_downstream(channel: trio.MemorySendChannel[Any], value: Any) -> None:
-    """Send ``value``; if the receivers are gone, let the crash that removed them speak.
-
-    Receivers only disappear when a stage crashed, and the crash cancels the
-    nursery. A checkpoint lets that cancellation arrive, so the run reports the
-    crash rather than a ``BrokenResourceError`` beside it.
-    """
-    try:
-        await channel.send(value)
-    except trio.BrokenResourceError:
-        await trio.lowlevel.checkpoint()
-        raise
-
-
-@contextmanager
-def closed_unless_crashed(*channels: trio.abc.AsyncResource) -> Generator[None, None, None]:
-    """Close ``channels`` when the block ends or is cancelled, but not when it raises.
-
-    Closing is how the end of data travels downstream. A stage that crashed has
-    not reached the end of its data: its channels stay open, so the stage
-    downstream waits until the crash's cancellation reaches it instead of
-    mistaking the crash for the end of data (and, say, training a partial step
-    and saving it as final).
-    """
-    try:
-        yield
-    except Exception:
-        raise
-    except BaseException:
-        _close_all(channels)
-        raise
-    else:
-        _close_all(channels)
-
-
-def _close_all(channels: Sequence[trio.abc.AsyncResource]) -> None:
-    for channel in channels:
-        channel.close()  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- dataloader
 
 
-async def rollouts(
-    scope: trio.CancelScope,
-    items: _DatasetItems,
-    schedule: Schedule,
-    start_step: int,
-    gate: ConsumptionGate,
-    channels: tuple[
-        trio.MemorySendChannel[WorkItem], trio.MemoryReceiveChannel[WorkItem], trio.MemorySendChannel[Delivery]
-    ],
-    notes: trio.MemorySendChannel[Handout],
-    requeue: trio.MemoryReceiveChannel[WorkItem] | None,
-    settings: RolloutSettings,
-    weights: LatestWeights,
-    max_workers: int | None,
+async def dataloader_with_workers(
+    stop: trio.CancelScope,
+    items: DatasetItems,
+    run: Run,
+    workers: WorkerPool,
+    resampled: trio.MemoryReceiveChannel[WorkItem] | None,
 ) -> None:
-    """The dataloader and the workers it starts, in a nursery the trainer cancels through ``scope``."""
-    with scope:
-        async with trio.open_nursery() as workers:
-            pool = WorkerPool(workers, max_workers, *channels, settings, weights)
-            await dataloader(items, schedule, start_step, gate, pool, notes, requeue)
-
-
-@dataclass(frozen=True)
-class _Fresh:
-    key: ItemKey
-    builder: EnvGroupBuilder
-    position: Position
-    next_cursor: ItemKey | None
-
-
-class _DatasetItems:
-    """The items a run hands out, in order: a resumed run's owed items, then the dataset from the cursor.
-
-    Each dataset batch is built once (the first one was already built to check the configuration).
-    """
-
-    def __init__(
-        self, dataset: RLDataset, first_batch: Sequence[EnvGroupBuilder], cursor: ItemKey, owed: Sequence[ItemKey]
-    ) -> None:
-        self._dataset = dataset
-        self._cursor = cursor
-        self._owed: dict[int, list[int]] = {}
-        for key in sorted(owed):
-            self._owed.setdefault(key.batch, []).append(key.group)
-        self._cached: tuple[int, Sequence[EnvGroupBuilder]] = (0, first_batch)
-
-    def _batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        if self._cached[0] != index:
-            self._cached = (index, self._dataset.get_batch(index))
-        return self._cached[1]
-
-    def __iter__(self) -> Iterator[_Fresh | ItemKey]:
-        """Fresh items, and for each empty dataset batch the cursor past it."""
-        cursor = self._cursor
-        order = batch_number = batch_start = previous_start = 0
-        batches = sorted(set(self._owed) | set(range(cursor.batch, len(self._dataset))))
-        for b in batches:
-            builders = self._batch(b)
-            owed = self._owed.get(b, [])
-            fresh = range(cursor.group if b == cursor.batch else 0, len(builders)) if b >= cursor.batch else range(0)
-            groups = [(g, None) for g in owed] + [(g, _after(b, g, len(builders))) for g in fresh]
-            if not groups:
-                if b >= cursor.batch:
-                    yield ItemKey(b + 1, 0)
-                continue
-            previous_start, batch_start = batch_start, order
-            for g, next_cursor in groups:
-                position = Position(order, batch_number, batch_start, previous_start, len(groups))
-                yield _Fresh(ItemKey(b, g), builders[g], position, next_cursor)
-                order += 1
-            batch_number += 1
-
-
-def _after(batch: int, group: int, batch_size: int) -> ItemKey:
-    return ItemKey(batch, group + 1) if group + 1 < batch_size else ItemKey(batch + 1, 0)
+    """The dataloader and the workers it starts, in a nursery the trainer cancels through ``stop``."""
+    with stop:
+        async with trio.open_nursery() as nursery:
+            workers.start_in(nursery)
+            await dataloader(items, run, workers, resampled)
 
 
 async def dataloader(
-    items: _DatasetItems,
-    schedule: Schedule,
-    start_step: int,
-    gate: ConsumptionGate,
-    pool: WorkerPool,
-    notes: trio.MemorySendChannel[Handout],
-    requeue: trio.MemoryReceiveChannel[WorkItem] | None,
+    items: DatasetItems,
+    run: Run,
+    workers: WorkerPool,
+    resampled: trio.MemoryReceiveChannel[WorkItem] | None,
 ) -> None:
-    """Hand out the run's items in order, each once its schedule admits it; requeued items first.
+    """Hand out the run's items in order, each once its schedule admits it; resampled items first.
 
     Closes the items channel when the data runs out, which is how the end of
     data reaches the workers and then the trainer. Items sent back while fresh
     data remained are handed out again; the back channel is then closed, so
-    that later requeues fail fast and are counted as drops by the trainer.
+    that later resamples fail fast and are counted as drops by the trainer.
     """
-
-    def take_requeued() -> list[WorkItem]:
-        taken: list[WorkItem] = []
-        while requeue is not None:
-            try:
-                taken.append(requeue.receive_nowait())
-            except trio.WouldBlock:
-                break
-        return taken
-
-    with pool.closed_unless_crashed(), closed_unless_crashed(notes), requeue if requeue is not None else nullcontext():
+    notes, gate = run.ledger.notes, run.gate
+    with (
+        workers.closed_unless_crashed(),
+        closed_unless_crashed(notes),
+        resampled if resampled is not None else nullcontext(),
+    ):
         for entry in items:
             if isinstance(entry, ItemKey):
                 notes.send_nowait(Handout(None, entry))
                 continue
-            admission = schedule.admit(entry.position, start_step)
+            admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if requeued := take_requeued():
-                    for item in requeued:
-                        await pool.hand_out(item)
+                if again := ready(resampled):
+                    for item in again:
+                        await workers.hand_out(item)
                     continue
                 if gate.consumed >= admission.consumed_before:
                     break
-                # No checkpoint since the checks: a requeue or consumption from
+                # No checkpoint since the checks: a resample or consumption from
                 # here on wakes this wait.
                 await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
-            await pool.hand_out(
-                WorkItem(
-                    entry.key,
-                    entry.position.order,
-                    entry.builder,
-                    attempt=0,
-                    min_version=admission.min_version,
-                    step=admission.step,
-                    step_size=admission.step_size,
-                )
-            )
-        # Take what was requeued while data remained and close the back channel
+            await workers.hand_out(entry.item(admission))
+        # Take what was resampled while data remained and close the back channel
         # in the same step (no checkpoint between), so nothing sent back is
         # ever left unread in its buffer.
-        last = take_requeued()
-        if requeue is not None:
-            requeue.close()
+        last = ready(resampled)
+        if resampled is not None:
+            resampled.close()
         for item in last:
-            await pool.hand_out(item)
+            await workers.hand_out(item)
 
 
 class WorkerPool:
@@ -374,22 +256,25 @@ class WorkerPool:
 
     def __init__(
         self,
-        nursery: trio.Nursery,
-        max_workers: int | None,
         items_send: trio.MemorySendChannel[WorkItem],
         items_recv: trio.MemoryReceiveChannel[WorkItem],
         groups_send: trio.MemorySendChannel[Delivery],
         settings: RolloutSettings,
-        weights: LatestWeights,
+        run: Run,
     ) -> None:
-        self._nursery = nursery
-        self._max = math.inf if max_workers is None else max_workers
         self._items_send = items_send
         self._items_recv = items_recv
         self._groups_send = groups_send
         self._settings = settings
-        self._weights = weights
-        self.started = 0
+        self._schedule = run.schedule
+        self._weights = run.weights
+        self._max = math.inf if settings.max_workers is None else settings.max_workers
+        self._nursery: trio.Nursery | None = None
+        self._started = 0
+
+    def start_in(self, nursery: trio.Nursery) -> None:
+        """Start workers in ``nursery`` from now on."""
+        self._nursery = nursery
 
     async def hand_out(self, item: WorkItem) -> None:
         """Give ``item`` to an idle worker, starting one if none is idle and the limit allows."""
@@ -398,10 +283,16 @@ class WorkerPool:
             return
         except trio.WouldBlock:
             pass
-        if self.started < self._max:
-            self.started += 1
+        if self._started < self._max:
+            assert self._nursery is not None, "start_in() before hand_out()"
+            self._started += 1
             self._nursery.start_soon(
-                rollout_worker, self._items_recv.clone(), self._groups_send.clone(), self._settings, self._weights
+                rollout_worker,
+                self._items_recv.clone(),
+                self._groups_send.clone(),
+                self._settings,
+                self._schedule,
+                self._weights,
             )
         await send_downstream(self._items_send, item)
 
@@ -410,22 +301,25 @@ class WorkerPool:
         return closed_unless_crashed(self._items_send, self._items_recv, self._groups_send)
 
 
-# ---------------------------------------------------------------- rollouts
+# ---------------------------------------------------------------- rollout workers
 
 
 async def rollout_worker(
     items: trio.MemoryReceiveChannel[WorkItem],
     groups: trio.MemorySendChannel[Delivery],
     settings: RolloutSettings,
+    schedule: Schedule,
     weights: LatestWeights,
 ) -> None:
     """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
     with closed_unless_crashed(items, groups):
         async for item in items:
-            await send_downstream(groups, await run_work_item(item, settings, weights))
+            await send_downstream(groups, await run_work_item(item, settings, schedule, weights))
 
 
-async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: LatestWeights) -> Delivery:
+async def run_work_item(
+    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
+) -> Delivery:
     """Roll out one item; a group that fails under a tolerant strategy becomes a :class:`SkippedGroup`.
 
     Under ``FailFast`` (which catches nothing) the failure propagates and ends
@@ -433,7 +327,7 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
     errors always propagate.
     """
     try:
-        rolled = await _roll_out(item, settings, weights)
+        rolled = await _roll_out(item, settings, schedule, weights)
     except Exception as failure:
         if not settings.error_strategy.catches_group_errors or stops_the_run(failure):
             raise
@@ -455,14 +349,14 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, weights: Late
 
 
 async def _roll_out(
-    item: WorkItem, settings: RolloutSettings, weights: LatestWeights
+    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
 ) -> tuple[int, TrajectoryGroup] | AbandonedGroup:
     """Make the envs, wait for fresh-enough weights, roll out the group."""
     # Envs are made before waiting for weights, so the group is ready to sample
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
         await weights.wait_for(item.min_version)
-        if not settings.exact_version:
+        if not schedule.samples_exact_version:
             # Which weights a rollout uses must not depend on which of the tasks
             # due at this instant (the trainer publishing among them) ran first.
             await settle()
@@ -473,25 +367,24 @@ async def _roll_out(
             return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
 
         group: TrajectoryGroup | None = None
-        with _given_up_when_stale(settings, weights, version):
+        with _given_up_when_stale(schedule, weights, version):
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     return version, group
 
 
-def _given_up_when_stale(
-    settings: RolloutSettings, weights: LatestWeights, version: int
-) -> AbstractContextManager[object]:
+def _given_up_when_stale(schedule: Schedule, weights: LatestWeights, version: int) -> AbstractContextManager[object]:
     """A scope that the weights cancel once a rollout from ``version`` is too stale to train on.
 
-    Without ``abandon_stale`` nothing is ever given up, and no scope is entered
-    (thousands of waiting rollouts would each hold one).
+    Where the schedule never gives up a rollout, no scope is entered (thousands
+    of waiting rollouts would each hold one).
     """
-    if not settings.abandon_stale:
+    expiry = schedule.gives_up_at(version)
+    if expiry is None:
         return nullcontext()
     stale = trio.CancelScope()
-    weights.cancel_at(version + settings.staleness_limit + 1, stale)
+    weights.cancel_at(expiry, stale)
     return stale
 
 
@@ -508,52 +401,121 @@ def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]
 # ---------------------------------------------------------------- trainer
 
 
-class _EvalRequests:
-    """The trainer's side of the evaluator channel."""
+class GroupIntake:
+    """The trainer's receive side: every group delivered is sorted by the schedule, and its verdict carried out here.
+
+    This is the one place where a group's fate before its step is carried out
+    and counted: skipped, filtered, resampled or dropped. A group that leaves
+    this way is retired from the ledger (unless it is sampled again) and frees
+    its admission slot at once: a step may wait for groups that are only
+    admitted once slots held by failed groups are free, and a straggler that
+    kept its slot through every retry would starve the run.
+    """
 
     def __init__(
-        self, schedule: EvalSchedule, send: trio.MemorySendChannel[tuple[int, SamplingClient]], weights: LatestWeights
+        self,
+        groups: trio.MemoryReceiveChannel[Delivery],
+        run: Run,
+        resample: trio.MemorySendChannel[WorkItem] | None,
+        stop_rollouts: trio.CancelScope,
     ) -> None:
-        self._schedule = schedule
-        self._send = send
-        self._weights = weights
+        self._groups = groups
+        self._stop_rollouts = stop_rollouts
+        self._schedule = run.schedule
+        self._ledger = run.ledger
+        self._gate = run.gate
+        self._resample = resample
+        self.ended = False
+        """Whether every worker has exited (the channel reached ``EndOfChannel``)."""
+        self.requeued = self.dropped_stale = self.groups_skipped = 0
+        self._filtered: list[FinishedGroup] = []
 
-    async def request_if_due(self, version: int, *, final: bool = False) -> None:
-        if self._schedule.due(version, final=final):
-            await send_downstream(self._send, (version, self._weights.latest()[1]))
+    def expire(self, step: int) -> None:
+        """Resample the held groups that ``step`` may no longer train."""
+        for item in self._schedule.expired(step):
+            self._resample_or_drop(item)
 
-    def close(self) -> None:
-        self._send.close()
+    async def next_minibatch(self, step: int) -> Minibatch | None:
+        """Receive what the schedule needs, then its decision: the next minibatch of ``step``, or None."""
+        while (need := self._schedule.need(step, self.ended)) is Need.ANOTHER_GROUP:
+            try:
+                self._sort(await self._groups.receive(), step)
+            except trio.EndOfChannel:
+                self.ended = True
+        if need is Need.THIS_INSTANT and not self.ended:
+            await settle()
+            self._sort_ready(step)
+        return self._schedule.next_minibatch(step)
+
+    async def stop(self) -> None:
+        """Cancel the rollouts still running and drop what they deliver: those items stay owed, and a resume samples them."""
+        self._stop_rollouts.cancel()
+        async for _ in self._groups:
+            pass
+
+    def take_filtered(self) -> list[FinishedGroup]:
+        """The groups filtered out on arrival since the last call, for the trainer's record."""
+        filtered, self._filtered = self._filtered, []
+        return filtered
+
+    def _sort_ready(self, step: int) -> None:
+        while True:
+            try:
+                self._sort(self._groups.receive_nowait(), step)
+            except trio.WouldBlock:
+                return
+            except trio.EndOfChannel:
+                self.ended = True
+                return
+
+    def _sort(self, delivery: Delivery, step: int) -> None:
+        verdict = self._schedule.sort(delivery, step)
+        if verdict is Verdict.SKIP:
+            self.groups_skipped += 1
+            self._ledger.retire([delivery.item.key])
+            self._gate.consume(1)
+        elif verdict is Verdict.RESAMPLE:
+            self._resample_or_drop(delivery.item)
+        elif verdict is Verdict.FILTER:
+            assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"
+            self._filtered.append(delivery)
+            self._ledger.retire([delivery.item.key])
+            self._gate.consume(1)
+
+    def _resample_or_drop(self, item: WorkItem) -> None:
+        assert self._resample is not None, "a schedule that resamples opens the back edge (Schedule.resamples)"
+        try:
+            self._resample.send_nowait(replace(item, attempt=item.attempt + 1))
+        except trio.BrokenResourceError:
+            # The dataloader closed the back edge: the data has run out.
+            self.dropped_stale += 1
+            self._ledger.retire([item.key])
+        else:
+            self.requeued += 1
+        # A resampled item is handed out again ahead of fresh ones and needs no slot.
+        self._gate.consume(1)
 
 
 class Trainer:
-    """Trains the planner's steps, records each, checkpoints, and asks for evaluations."""
+    """Trains the schedule's steps, records each, checkpoints, and asks for evaluations."""
 
     def __init__(
         self,
         settings: TrainerSettings,
         *,
-        inbox: GroupInbox,
-        planner: StepPlanner,
+        run: Run,
+        intake: GroupIntake,
         runner: StepRunner,
-        ledger: DataLedger,
         checkpoints: CheckpointKeeper,
-        gate: ConsumptionGate,
-        evals: _EvalRequests,
-        metrics: MetricsLog,
-        stop_rollouts: trio.CancelScope,
+        evals: EvalRequests,
     ) -> None:
         self._settings = settings
-        self._inbox = inbox
-        self._planner = planner
+        self._run = run
+        self._intake = intake
         self._runner = runner
-        self._ledger = ledger
         self._checkpoints = checkpoints
-        self._gate = gate
         self._evals = evals
-        self._metrics = metrics
-        self._stop_rollouts = stop_rollouts
-        self.step = settings.start_step
+        self.step = run.start_step
         self.counts = RunCounts(cumulative_tokens=settings.start_tokens[0], discarded_tokens=settings.start_tokens[1])
         self._started = time.perf_counter()
 
@@ -563,9 +525,7 @@ class Trainer:
             await self._evals.request_if_due(self.step)
             stopped = await self._train_steps()
             # At max_steps the rollouts still running are of no use.
-            self._stop_rollouts.cancel()
-            while await self._inbox.receive() is not None:
-                pass  # discarded: those items stay owed, and a resume samples them
+            await self._intake.stop()
             return await self._finish(stopped)
         except trio.Cancelled:
             if self._settings.save_on_cancel and self._checkpoints.final is None:
@@ -582,19 +542,26 @@ class Trainer:
         # Counted from the start of training, so a resumed run stops where the
         # original one would have.
         while max_steps is None or self.step < max_steps:
-            plan = await self._planner.next_step(self.step)
-            done = None if plan is None else await self._runner.run(self.step, plan, self._summarize)
+            done = await self._train_step()
             if done is None:
                 return False
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
-            self._gate.consume(len(done.taken))
+            self._run.gate.consume(len(done.taken))
             every = self._settings.save_every
             if every and self.step % every == 0:
                 await self._checkpoints.save(self.step, final=False, reason="periodic", tokens=self._tokens())
             await self._evals.request_if_due(self.step)
         return True
+
+    async def _train_step(self) -> TrainedStep | None:
+        """Submit each minibatch the schedule decides as soon as it does, then publish the step's weights."""
+        self._intake.expire(self.step)
+        self._runner.begin(self.step)
+        while (minibatch := await self._intake.next_minibatch(self.step)) is not None:
+            await self._runner.submit(minibatch)
+        return await self._runner.finish(self._summarize)
 
     def _tokens(self) -> tuple[dict[str, int], dict[str, int]]:
         return asdict(self.counts.cumulative_tokens), asdict(self.counts.discarded_tokens)
@@ -602,24 +569,37 @@ class Trainer:
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
 
+    def _tally(self, counts: RunCounts, filtered: Sequence[FinishedGroup] = ()) -> RunCounts:
+        """``counts`` with every group fate counted since: the intake's and the ledger's, and ``filtered`` (a step's own)."""
+        intake = self._intake
+        filtered = [*filtered, *intake.take_filtered()]
+        discarded = rollout_tokens(filtered)
+        return replace(
+            counts,
+            requeued=intake.requeued,
+            dropped_stale=intake.dropped_stale,
+            groups_skipped=intake.groups_skipped,
+            empty_batches=self._run.ledger.empty_batches,
+            filtered_groups=counts.filtered_groups + len(filtered),
+            cumulative_tokens=counts.cumulative_tokens + discarded,
+            discarded_tokens=counts.discarded_tokens + discarded,
+        )
+
     def _record(self, done: TrainedStep) -> None:
-        self._ledger.retire(g.item.key for g in done.taken)
+        ledger = self._run.ledger
+        ledger.retire(g.item.key for g in done.taken)
         c = self.counts
         trained_ids = {id(g) for g in done.trained}
-        tokens, discarded = step_tokens(
-            done.trained, [g for g in done.taken if id(g) not in trained_ids], done.submitted
-        )
-        self.counts = RunCounts(
-            trained_groups=c.trained_groups + len(done.trained),
-            filtered_groups=c.filtered_groups + len(done.taken) - len(done.trained),
-            requeued=self._planner.requeued,
-            dropped_stale=self._planner.dropped_stale,
-            in_flight_max=max(c.in_flight_max, len(self._ledger.outstanding)),
-            empty_batches=self._ledger.empty_batches,
-            groups_skipped=self._planner.groups_skipped,
-            error_types=c.with_errors_of(done.taken),
-            cumulative_tokens=c.cumulative_tokens + tokens + discarded,
-            discarded_tokens=c.discarded_tokens + discarded,
+        tokens = step_tokens(done.trained, done.submitted)
+        self.counts = self._tally(
+            replace(
+                c,
+                trained_groups=c.trained_groups + len(done.trained),
+                in_flight_max=max(c.in_flight_max, len(ledger.outstanding)),
+                error_types=c.with_errors_of(done.taken),
+                cumulative_tokens=c.cumulative_tokens + tokens,
+            ),
+            filtered=[g for g in done.taken if id(g) not in trained_ids],
         )
         metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
         if not math.isfinite(metrics["train/loss:sum"]):
@@ -629,34 +609,14 @@ class Trainer:
             metrics.setdefault("optim/lr", self._settings.learning_rate)
         metrics["time/total"] = time.perf_counter() - self._started
         self.step = done.step + 1
-        self._metrics.write(done.step, metrics)
+        self._run.metrics.write(done.step, metrics)
 
     async def _finish(self, stopped: bool) -> TrainerOutcome:
-        self._ledger.read_notes()
-        counts = self.counts = replace(
-            self.counts,
-            requeued=self._planner.requeued,
-            dropped_stale=self._planner.dropped_stale,
-            empty_batches=self._ledger.empty_batches,
-            groups_skipped=self._planner.groups_skipped,
-        )
-        cancelled = len(self._ledger.outstanding)
+        self._run.ledger.read_notes()
+        counts = self.counts = self._tally(self.counts)
+        cancelled = len(self._run.ledger.outstanding)
         # The final weights get a record of their own: where the data went.
-        self._metrics.write(
-            self.step,
-            {
-                "run/final_step": self.step,
-                "run/stopped_by_max_steps": int(stopped),
-                "run/trained_groups": counts.trained_groups,
-                "run/dropped_stale": counts.dropped_stale,
-                "run/requeued": counts.requeued,
-                "run/cancelled_groups": cancelled,
-                "run/filtered_constant": counts.filtered_groups,
-                "run/empty_batches": counts.empty_batches,
-                "run/groups_skipped": counts.groups_skipped,
-                **rollout_error_metrics(counts),
-            },
-        )
+        self._run.metrics.write(self.step, final_record(self.step, stopped, counts, cancelled))
         await self._evals.request_if_due(self.step, final=True)
         self._evals.close()
         checkpoint = await self._checkpoints.save(self.step, final=True, reason="final", tokens=self._tokens())
@@ -667,12 +627,11 @@ class Trainer:
 
 
 async def evaluator(
-    evaluators: tuple[SamplingClientEvaluator, ...],
+    evaluation: Evaluation,
     requests: trio.MemoryReceiveChannel[tuple[int, SamplingClient]],
     metrics: MetricsLog,
-    timeout: float,
 ) -> None:
     """Evaluate each weights version the trainer sends, once, logging under its step."""
     with requests:
         async for version, client in requests:
-            metrics.write(version, await evaluate(evaluators, version, client, timeout))
+            metrics.write(version, await evaluate(evaluation.evaluators, version, client, evaluation.timeout))

@@ -1,39 +1,41 @@
 """One schedule per training mode: everything that differs between sync, stream, pace and requeue.
 
-| mode | a work item samples from | a step trains | back edge |
+| mode | a work item samples from | a step trains | sent back to be sampled again |
 |---|---|---|---|
-| :class:`Sync` | exactly the weights of its step (dataset batch ``s`` is step ``s``) | its batch, split into ``num_substeps`` optimizer steps | no |
-| :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | no |
-| :class:`Pace` | weights at most K steps older than its step (group ``n`` is step ``n // B``) | its B groups, in admission order; stragglers are waited for | no |
-| :class:`Requeue` | the newest weights when it starts | the B oldest groups at most K steps stale; staler ones go back to the dataloader (or are dropped once the data has run out) | yes |
+| :class:`Sync` | exactly the weights of its step (dataset batch ``s`` is step ``s``) | its batch, split into ``num_substeps`` optimizer steps | nothing |
+| :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | nothing |
+| :class:`Pace` | weights at most K steps older than its step (group ``n`` is step ``n // B``) | its B groups, in admission order; stragglers are waited for | nothing |
+| :class:`Requeue` | the newest weights when it starts | the B oldest groups at most K steps stale | stale groups, while the dataset has data (then they are dropped) |
 
-A schedule answers two questions and nothing else:
+A schedule decides and does nothing else: it never receives, sends, waits,
+counts or touches the ledger. The pipeline's stages ask it:
 
-- :meth:`Schedule.admit`, asked by the dataloader for every fresh item: which
-  weights it may sample from, which step trains it (when that is fixed in
-  advance), and how many groups the trainer must have consumed before the item
-  is handed out. That last bound is what keeps the number of rollouts in
-  flight, and so the number of workers, proportional to the real work.
-- :meth:`Schedule.planner`, used by the trainer alone: how delivered groups
-  become :class:`StepPlan`\\ s (which groups, in which minibatches, with which
-  ``optim_step`` boundaries).
+- the dataloader, for every fresh item, :meth:`Schedule.admit`: which weights it
+  may sample from, which step trains it (when that is fixed in advance), and
+  how many groups the trainer must have consumed before it is handed out. That
+  bound keeps the rollouts in flight, and so the workers, proportional to the work;
+- a rollout worker, :attr:`Schedule.samples_exact_version` and
+  :meth:`Schedule.gives_up_at`: whether its weights are fixed in advance, and
+  when a rollout is too stale to be worth finishing;
+- the trainer, for every group it receives, :meth:`Schedule.sort`: keep it for a
+  step, skip it (it failed), filter it out, or have it sampled again; at each step's start,
+  :meth:`Schedule.expired`: kept groups that became too stale; and for each
+  minibatch, :meth:`Schedule.need` (must more groups arrive before it is
+  decided?) and then :meth:`Schedule.next_minibatch`.
 
-Nothing else in trio_rl asks which mode a run is in.
+A schedule holds the groups it kept for one run: :meth:`trio_rl.Config.schedule`
+builds a fresh one for each run. Nothing else in trio_rl asks which mode a run is in.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from dataclasses import dataclass, replace
-
-import trio
+from dataclasses import dataclass
 
 from ..rl.data import split_evenly
-from .determinism import settle
-from .gate import ConsumptionGate
-from .ledger import DataLedger
 from .work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 
 
@@ -66,119 +68,52 @@ class Admission:
     consumed_before: int
 
 
+class Verdict(enum.Enum):
+    """What becomes of a group the trainer received (see :meth:`Schedule.sort`)."""
+
+    KEEP = enum.auto()
+    """The schedule holds it for a step."""
+    SKIP = enum.auto()
+    """It failed beyond its error tolerance: counted, never trained, its slot free at once."""
+    RESAMPLE = enum.auto()
+    """Too stale (or given up): sampled again while the dataset has data, else dropped."""
+    FILTER = enum.auto()
+    """No learning signal (constant rewards): counted as filtered, its tokens as discarded, never trained, its slot free at once."""
+
+
+class Need(enum.Enum):
+    """What must arrive before the schedule can decide a step's next minibatch (see :meth:`Schedule.need`)."""
+
+    NOTHING = enum.auto()
+    """Decide now."""
+    ANOTHER_GROUP = enum.auto()
+    """Wait for one more group, then ask again."""
+    THIS_INSTANT = enum.auto()
+    """Take every group delivered by the end of the current instant, then decide.
+
+    So which groups a decision sees does not depend on which of the tasks that
+    finish at the same instant ran first."""
+
+
 @dataclass(frozen=True)
 class Minibatch:
-    """Groups for one ``forward_backward``, and whether an ``optim_step`` follows it."""
+    """Groups for one ``forward_backward``, whether an ``optim_step`` follows, and the step's skipped groups it accounts for.
+
+    A step whose groups were all skipped still is a step: its minibatch has no
+    groups but a ``skipped`` count, and its weights version is published unchanged.
+    """
 
     groups: list[FinishedGroup]
     optim_step: bool
+    skipped: int = 0
 
 
-class StepPlan(ABC):
-    """The minibatches of one training step, handed out as they become available.
-
-    ``skipped`` counts the step's groups that failed beyond their error
-    tolerance; a step with no group to train but some skipped is still a step
-    (its weights version is published unchanged), not the end of data.
-    """
-
-    skipped = 0
-
-    @abstractmethod
-    async def next_minibatch(self) -> Minibatch | None:
-        """The next minibatch, or None when the step has no more."""
-
-
-class FixedStepPlan(StepPlan):
-    """A step whose groups are all known: ``num_substeps`` minibatches, each with an ``optim_step``.
-
-    Substeps split the groups (not the Datums) evenly, so a group's data is never
-    split across two optimizer steps.
-    """
-
-    def __init__(self, groups: list[FinishedGroup], num_substeps: int, skipped: int = 0) -> None:
-        self._chunks = [chunk for chunk in split_evenly(groups, num_substeps) if chunk]
-        self.skipped = skipped
-
-    async def next_minibatch(self) -> Minibatch | None:
-        return Minibatch(self._chunks.pop(0), optim_step=True) if self._chunks else None
-
-
-class StepPlanner(ABC):
-    """Turns delivered groups into step plans; owned by the trainer task."""
-
-    requeued = 0
-    """Groups sent back to the dataloader to be sampled again."""
-    dropped_stale = 0
-    """Groups dropped as too stale after the data ran out."""
-    groups_skipped = 0
-    """Groups that failed beyond their error tolerance (see :class:`SkippedGroup`)."""
-
-    def _skip(self, run: PlannerInputs, group: SkippedGroup) -> None:
-        """Count a skipped group and retire it at once: no longer owed, its admission slot free.
-
-        Freeing the slot now (not when a step ends) matters: a step may wait for
-        groups that are only admitted once slots held by failed groups are free.
-        """
-        self.groups_skipped += 1
-        run.ledger.retire([group.item.key])
-        run.gate.consume(1)
-
-    @abstractmethod
-    async def next_step(self, step: int) -> StepPlan | None:
-        """The plan of ``step``, or None when no group is left to train."""
-
-
-class GroupInbox:
-    """The trainer's receive side of the groups channel, with the end of data as a flag."""
-
-    def __init__(self, receive: trio.MemoryReceiveChannel[Delivery]) -> None:
-        self._receive = receive
-        self.ended = False
-        """Whether every worker has exited (the channel reached ``EndOfChannel``)."""
-
-    async def receive(self) -> Delivery | None:
-        """The next delivery, or None once the data has ended."""
-        if self.ended:
-            return None
-        try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            self.ended = True
-            return None
-
-    async def receive_ready(self) -> list[Delivery]:
-        """Everything delivered by the end of the current instant, without waiting for more.
-
-        Which groups a decision sees must not depend on which of the tasks that
-        finish at the same instant ran first, so :func:`settle` comes first.
-        """
-        if self.ended:
-            return []
-        await settle()
-        ready: list[Delivery] = []
-        while True:
-            try:
-                ready.append(self._receive.receive_nowait())
-            except trio.WouldBlock:
-                return ready
-            except trio.EndOfChannel:
-                self.ended = True
-                return ready
-
-
-@dataclass(frozen=True)
-class PlannerInputs:
-    """What a planner may use: the trainer's inbox, and for the back edge, the gate, ledger and requeue channel."""
-
-    inbox: GroupInbox
-    gate: ConsumptionGate
-    ledger: DataLedger
-    requeue: trio.MemorySendChannel[WorkItem] | None
+def _by_order(group: FinishedGroup) -> tuple[int, int]:
+    return group.item.order, group.item.attempt
 
 
 class Schedule(ABC):
-    """What differs between training modes; built by :meth:`trio_rl.Config.schedule`.
+    """What differs between training modes; built, one per run, by :meth:`trio_rl.Config.schedule`.
 
     Args:
         groups_per_step: B, the groups one step trains (sync and stream: the
@@ -187,18 +122,13 @@ class Schedule(ABC):
         staleness_limit: K, how many steps stale a trained group may be (0 on-policy).
     """
 
-    back_edge = False
-    """Whether the trainer sends stale work back to the dataloader."""
+    resamples = False
+    """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the pipeline then opens its back edge)."""
 
     def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
         self.groups_per_step = groups_per_step
         self.num_substeps = num_substeps
         self.staleness_limit = staleness_limit
-
-    @property
-    def abandons_stale_rollouts(self) -> bool:
-        """Whether a rollout is given up once its weights are more than K steps old."""
-        return self.back_edge
 
     @property
     def samples_exact_version(self) -> bool:
@@ -208,15 +138,31 @@ class Schedule(ABC):
         published while the item starts: the version is fixed, and no
         :func:`~trio_rl.loop.determinism.settle` is needed to choose it.
         """
-        return self.staleness_limit == 0 and not self.back_edge
+        return self.staleness_limit == 0
+
+    def gives_up_at(self, version: int) -> int | None:
+        """The weights version whose publication makes a rollout sampling from ``version`` useless; None: never."""
+        return None
 
     @abstractmethod
     def admit(self, position: Position, start_step: int) -> Admission:
         """Which weights a fresh item may use, which step trains it, and when it may start."""
 
     @abstractmethod
-    def planner(self, run: PlannerInputs) -> StepPlanner:
-        """A fresh planner for one run's trainer."""
+    def sort(self, delivery: Delivery, step: int) -> Verdict:
+        """Keep, skip or resample a group received while the trainer prepares ``step``."""
+
+    def expired(self, step: int) -> list[WorkItem]:
+        """Items of kept groups that ``step`` may no longer train, to be resampled (asked at each step's start)."""
+        return []
+
+    @abstractmethod
+    def need(self, step: int, ended: bool) -> Need:
+        """What must arrive before the next minibatch of ``step`` is decided; ``ended``: no group will arrive."""
+
+    @abstractmethod
+    def next_minibatch(self, step: int) -> Minibatch | None:
+        """The next minibatch of ``step``, or None when the step has no more."""
 
     def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
         """How many steps a run over the whole dataset expects (for ``progress/done_frac``).
@@ -231,13 +177,73 @@ class Schedule(ABC):
         # of them can still be trained within K steps of the weights it starts on.
         return max(0, order - self.groups_per_step * (self.staleness_limit + 1) + 1)
 
+    def _substeps(self, step: int, groups: list[FinishedGroup], skipped: int = 0) -> tuple[int, list[Minibatch]]:
+        """``groups`` as ``num_substeps`` minibatches with an ``optim_step`` each (a group is never split)."""
+        chunks = [chunk for chunk in split_evenly(groups, self.num_substeps) if chunk] or ([[]] if skipped else [])
+        return step, [
+            Minibatch(chunk, optim_step=True, skipped=skipped if i == 0 else 0) for i, chunk in enumerate(chunks)
+        ]
 
-class Sync(Schedule):
+
+def _on_policy_admission(position: Position, start_step: int) -> Admission:
+    # A batch is handed out once the step before the previous one has been
+    # trained, so its envs are made while the previous step collects and trains.
+    step = start_step + position.batch_number
+    return Admission(
+        min_version=step, step=step, step_size=position.batch_size, consumed_before=position.previous_batch_start
+    )
+
+
+class _StepsKnownInAdvance(Schedule):
+    """Schedules whose admission names each item's step and that step's size: Sync, Pace and Stream."""
+
+    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit)
+        self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
+        self._skipped_by_step: dict[int, int] = defaultdict(int)
+        # Each step's group count, known once its first group arrives.
+        self._sizes: dict[int, int] = {}
+
+    def sort(self, delivery: Delivery, step: int) -> Verdict:
+        item_step = delivery.item.step
+        assert not isinstance(delivery, AbandonedGroup) and item_step is not None
+        self._sizes.setdefault(item_step, delivery.item.step_size or 0)
+        if isinstance(delivery, SkippedGroup):
+            self._skipped_by_step[item_step] += 1
+            return Verdict.SKIP
+        self._by_step[item_step].append(delivery)
+        return Verdict.KEEP
+
+    def _arrived(self, step: int) -> int:
+        """The groups of ``step`` received and not yet trained, skipped ones included."""
+        return len(self._by_step.get(step, ())) + self._skipped_by_step.get(step, 0)
+
+
+class _FixedSteps(_StepsKnownInAdvance):
+    """Step ``s`` trains exactly the items admitted for it (less those skipped), once all have arrived."""
+
+    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit)
+        self._planned: tuple[int, list[Minibatch]] = (-1, [])
+
+    def need(self, step: int, ended: bool) -> Need:
+        if self._planned[0] == step or ended:
+            return Need.NOTHING
+        complete = step in self._sizes and self._arrived(step) >= self._sizes[step]
+        return Need.NOTHING if complete else Need.ANOTHER_GROUP
+
+    def next_minibatch(self, step: int) -> Minibatch | None:
+        if self._planned[0] != step:
+            groups = sorted(self._by_step.pop(step, []), key=_by_order)
+            self._sizes.pop(step, None)
+            self._planned = self._substeps(step, groups, self._skipped_by_step.pop(step, 0))
+        return self._planned[1].pop(0) if self._planned[1] else None
+
+
+class Sync(_FixedSteps):
     """On-policy: dataset batch ``s`` samples from the weights of step ``s`` and is trained as step ``s``.
 
-    A batch is handed out as soon as the step before the previous one has
-    been trained, so its envs are made while the previous step collects and
-    trains. An empty dataset batch has no step.
+    An empty dataset batch has no step.
     """
 
     def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
@@ -245,16 +251,10 @@ class Sync(Schedule):
         return num_batches
 
     def admit(self, position: Position, start_step: int) -> Admission:
-        step = start_step + position.batch_number
-        return Admission(
-            min_version=step, step=step, step_size=position.batch_size, consumed_before=position.previous_batch_start
-        )
-
-    def planner(self, run: PlannerInputs) -> StepPlanner:
-        return FixedStepPlanner(run, self.num_substeps)
+        return _on_policy_admission(position, start_step)
 
 
-class Pace(Schedule):
+class Pace(_FixedSteps):
     """Off-policy without discards: group ``n`` is step ``n // B`` and samples from weights at most K older.
 
     Nothing is dropped and stragglers are waited for, as in tinker-cookbook 0.6.1.
@@ -269,232 +269,125 @@ class Pace(Schedule):
             consumed_before=self._async_bound(position.order),
         )
 
-    def planner(self, run: PlannerInputs) -> StepPlanner:
-        return FixedStepPlanner(run, self.num_substeps)
 
-
-class Stream(Sync):
+class Stream(_StepsKnownInAdvance):
     """Sync on-policy, with each step's batch trained in minibatches as soon as each fills.
 
-    An ``optim_step`` follows every ``num_minibatches / num_substeps`` minibatches.
+    A minibatch takes the earliest-admitted groups of its step once enough have
+    arrived; an ``optim_step`` follows every ``num_minibatches / num_substeps`` minibatches.
     """
 
     def __init__(self, groups_per_step: int, num_minibatches: int, num_substeps: int = 1) -> None:
         super().__init__(groups_per_step, num_substeps)
         self.num_minibatches = num_minibatches
+        self._per_substep = max(1, num_minibatches // num_substeps)
+        self._planned: tuple[int, list[int]] = (-1, [])
+        self._index = 0
 
-    def planner(self, run: PlannerInputs) -> StepPlanner:
-        return StreamStepPlanner(run, self.num_minibatches, self.num_substeps)
+    planned_steps = Sync.planned_steps
+
+    def admit(self, position: Position, start_step: int) -> Admission:
+        return _on_policy_admission(position, start_step)
+
+    def need(self, step: int, ended: bool) -> Need:
+        if step not in self._sizes:
+            return Need.NOTHING if ended else Need.ANOTHER_GROUP
+        sizes = self._minibatch_sizes(step)
+        if self._index >= len(sizes):
+            return Need.NOTHING
+        return Need.ANOTHER_GROUP if self._arrived(step) < sizes[self._index] and not ended else Need.THIS_INSTANT
+
+    def next_minibatch(self, step: int) -> Minibatch | None:
+        if step not in self._sizes:
+            self._by_step.pop(step, None)
+            return None
+        sizes = self._minibatch_sizes(step)
+        if self._index >= len(sizes):
+            self._by_step.pop(step, None)
+            self._skipped_by_step.pop(step, None)
+            self._sizes.pop(step, None)
+            return None
+        size = sizes[self._index]
+        skipped = min(size, self._skipped_by_step[step])
+        self._skipped_by_step[step] -= skipped
+        pool = sorted(self._by_step[step], key=_by_order)
+        taken, self._by_step[step] = pool[: size - skipped], pool[size - skipped :]
+        if not taken and not skipped:
+            return None
+        self._index += 1
+        return Minibatch(taken, optim_step=self._index % self._per_substep == 0, skipped=skipped)
+
+    def _minibatch_sizes(self, step: int) -> list[int]:
+        if self._planned[0] != step:
+            sizes = [len(part) for part in split_evenly(range(self._sizes[step]), self.num_minibatches)]
+            self._planned, self._index = (step, [s for s in sizes if s]), 0
+        return self._planned[1]
 
 
 class Requeue(Schedule):
-    """Off-policy that never waits for stragglers: train the oldest fresh groups, send stale ones back.
+    """Off-policy that never waits for stragglers: train the oldest fresh groups, resample stale ones.
 
     A rollout still running when its weights become more than K steps old is
-    given up and sent back too. Groups sent back while the dataset still has
+    given up and resampled too. Groups resampled while the dataset still has
     data are sampled again; after that they are dropped and counted (the
-    behaviour of trio_rl 0.5.5's default).
+    behaviour of trio_rl 0.5.5's default). Kept groups are pooled by the weights
+    version they were sampled from, so expiring stale ones touches only the
+    versions that fell out of the window, never the whole pool.
     """
 
-    back_edge = True
+    resamples = True
+
+    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit)
+        self._by_version: dict[int, list[FinishedGroup]] = defaultdict(list)
+        self._fresh = 0
+        self._planned: tuple[int, list[Minibatch]] = (-1, [])
+
+    @property
+    def samples_exact_version(self) -> bool:
+        """Never: an item samples from the newest weights when it starts."""
+        return False
+
+    def gives_up_at(self, version: int) -> int | None:
+        return version + self.staleness_limit + 1
 
     def admit(self, position: Position, start_step: int) -> Admission:
         return Admission(
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def planner(self, run: PlannerInputs) -> StepPlanner:
-        return RequeueStepPlanner(run, self)
-
-
-class FixedStepPlanner(StepPlanner):
-    """Sync and Pace: step ``s`` trains exactly the items admitted for it (less those skipped)."""
-
-    def __init__(self, run: PlannerInputs, num_substeps: int) -> None:
-        self._run = run
-        self._num_substeps = num_substeps
-        self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
-        self._skipped_by_step: dict[int, int] = defaultdict(int)
-        self._size: dict[int, int] = {}
-
-    async def next_step(self, step: int) -> StepPlan | None:
-        while not self._complete(step):
-            delivery = await self._run.inbox.receive()
-            if delivery is None:
-                break
-            item_step = delivery.item.step
-            assert not isinstance(delivery, AbandonedGroup) and item_step is not None
-            self._size[item_step] = delivery.item.step_size or 0
-            if isinstance(delivery, SkippedGroup):
-                self._skip(self._run, delivery)
-                self._skipped_by_step[item_step] += 1
-            else:
-                self._by_step[item_step].append(delivery)
-        groups = sorted(self._by_step.pop(step, []), key=lambda g: g.item.order)
-        skipped = self._skipped_by_step.pop(step, 0)
-        self._size.pop(step, None)
-        return FixedStepPlan(groups, self._num_substeps, skipped) if groups or skipped else None
-
-    def _complete(self, step: int) -> bool:
-        arrived = len(self._by_step.get(step, ())) + self._skipped_by_step.get(step, 0)
-        return step in self._size and arrived >= self._size[step]
-
-
-class StreamStepPlanner(StepPlanner):
-    """Stream: a step's minibatches fill from its batch's groups in arrival order."""
-
-    def __init__(self, run: PlannerInputs, num_minibatches: int, num_substeps: int) -> None:
-        self._run = run
-        self._num_minibatches = num_minibatches
-        self._per_substep = max(1, num_minibatches // num_substeps)
-        self.by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
-        self.skipped_by_step: dict[int, int] = defaultdict(int)
-        """Skipped groups of each step not yet counted toward one of its minibatches."""
-        self.sizes: dict[int, int] = {}
-        """Each step's group count, known once its first group arrives."""
-
-    async def next_step(self, step: int) -> StepPlan | None:
-        # The first group of the step says how many groups the step has.
-        while step not in self.sizes:
-            if not await self.receive_one():
-                self.by_step.pop(step, None)
-                return None
-        sizes = [len(part) for part in split_evenly(range(self.sizes[step]), self._num_minibatches)]
-        return _StreamPlan(self, step, [s for s in sizes if s])
-
-    async def receive_one(self) -> bool:
-        """Receive one group into its step's pool; False at the end of data."""
-        delivery = await self._run.inbox.receive()
-        if delivery is None:
-            return False
-        self._add(delivery)
-        return True
-
-    def _add(self, delivery: Delivery) -> None:
-        step = delivery.item.step
-        assert not isinstance(delivery, AbandonedGroup) and step is not None
-        self.sizes.setdefault(step, delivery.item.step_size or self._num_minibatches)
-        if isinstance(delivery, SkippedGroup):
-            self._skip(self._run, delivery)
-            self.skipped_by_step[step] += 1
-        else:
-            self.by_step[step].append(delivery)
-
-    async def take(self, step: int, size: int) -> tuple[list[FinishedGroup], int]:
-        """The earliest-admitted groups of ``step`` once ``size`` arrived, and how many of the size were skipped.
-
-        Fewer arrive at the end of data.
-        """
-        while len(self.by_step[step]) + self.skipped_by_step[step] < size and await self.receive_one():
-            pass
-        for delivery in await self._run.inbox.receive_ready():
-            self._add(delivery)
-        skipped = min(size, self.skipped_by_step[step])
-        self.skipped_by_step[step] -= skipped
-        pool = sorted(self.by_step[step], key=lambda g: g.item.order)
-        taken, self.by_step[step] = pool[: size - skipped], pool[size - skipped :]
-        return taken, skipped
-
-    def optim_after(self, index: int) -> bool:
-        """Whether an ``optim_step`` follows minibatch ``index`` of a step."""
-        return (index + 1) % self._per_substep == 0
-
-
-class _StreamPlan(StepPlan):
-    def __init__(self, planner: StreamStepPlanner, step: int, sizes: list[int]) -> None:
-        self._planner = planner
-        self._step = step
-        self._sizes = sizes
-        self._index = 0
-
-    async def next_minibatch(self) -> Minibatch | None:
-        if self._index >= len(self._sizes):
-            self._planner.by_step.pop(self._step, None)
-            self._planner.skipped_by_step.pop(self._step, None)
-            self._planner.sizes.pop(self._step, None)
-            return None
-        groups, skipped = await self._planner.take(self._step, self._sizes[self._index])
-        self.skipped += skipped
-        if not groups and not skipped:
-            return None
-        minibatch = Minibatch(groups, optim_step=self._planner.optim_after(self._index))
-        self._index += 1
-        return minibatch
-
-
-class RequeueStepPlanner(StepPlanner):
-    """Requeue: the pool of finished groups, by the weights version they were sampled from.
-
-    Retiring stale groups touches only the versions that fell out of the window
-    when the step advanced, never the whole pool.
-    """
-
-    def __init__(self, run: PlannerInputs, schedule: Requeue) -> None:
-        assert run.requeue is not None, "the Requeue schedule needs its back edge"
-        self._run = run
-        self._inbox = run.inbox
-        self._gate = run.gate
-        self._ledger = run.ledger
-        self._requeue = run.requeue
-        self._groups_per_step = schedule.groups_per_step
-        self._limit = schedule.staleness_limit
-        self._num_substeps = schedule.num_substeps
-        self._by_version: dict[int, list[FinishedGroup]] = defaultdict(list)
-        self._fresh = 0
-
-    async def next_step(self, step: int) -> StepPlan | None:
-        self._retire_older_than(step - self._limit)
-        while True:
-            if not self._inbox.ended and self._fresh < self._groups_per_step:
-                delivery = await self._inbox.receive()
-                if delivery is not None:
-                    self._add(delivery, step)
-                continue
-            # Which groups make the batch must not depend on which of the
-            # groups finishing at this instant happened to arrive first.
-            for delivery in await self._inbox.receive_ready():
-                self._add(delivery, step)
-            if self._inbox.ended or self._fresh >= self._groups_per_step:
-                break
-        batch = self._take_oldest(self._groups_per_step)
-        return FixedStepPlan(batch, self._num_substeps) if batch else None
-
-    def _add(self, delivery: Delivery, step: int) -> None:
+    def sort(self, delivery: Delivery, step: int) -> Verdict:
         if isinstance(delivery, SkippedGroup):
             # Never sampled again: a failed group is skipped, as in the cookbook.
-            self._skip(self._run, delivery)
-            return
-        if isinstance(delivery, AbandonedGroup) or step - delivery.version > self._limit:
-            self._retire(delivery.item)
-            return
+            return Verdict.SKIP
+        if isinstance(delivery, AbandonedGroup) or step - delivery.version > self.staleness_limit:
+            return Verdict.RESAMPLE
         self._by_version[delivery.version].append(delivery)
         self._fresh += 1
+        return Verdict.KEEP
 
-    def _retire_older_than(self, version: int) -> None:
-        for stale_version in sorted(v for v in self._by_version if v < version):
-            groups = sorted(self._by_version.pop(stale_version), key=lambda g: g.item.order)
+    def expired(self, step: int) -> list[WorkItem]:
+        items: list[WorkItem] = []
+        for version in sorted(v for v in self._by_version if v < step - self.staleness_limit):
+            groups = sorted(self._by_version.pop(version), key=_by_order)
             self._fresh -= len(groups)
-            for group in groups:
-                self._retire(group.item)
+            items.extend(group.item for group in groups)
+        return items
 
-    def _retire(self, item: WorkItem) -> None:
-        """Send ``item`` back to be sampled again or, once the data has run out, drop it."""
-        try:
-            self._requeue.send_nowait(replace(item, attempt=item.attempt + 1))
-        except trio.BrokenResourceError:
-            self.dropped_stale += 1
-            self._ledger.retire([item.key])
-        else:
-            self.requeued += 1
-        # Either way its admission slot is free again; a requeued item is handed
-        # out again ahead of fresh ones and needs none. (A straggler that kept
-        # its slot through every retry would, with a few more, starve the run.)
-        self._gate.consume(1)
+    def need(self, step: int, ended: bool) -> Need:
+        if self._planned[0] == step:
+            return Need.NOTHING
+        return Need.ANOTHER_GROUP if not ended and self._fresh < self.groups_per_step else Need.THIS_INSTANT
+
+    def next_minibatch(self, step: int) -> Minibatch | None:
+        if self._planned[0] != step:
+            self._planned = self._substeps(step, self._take_oldest(self.groups_per_step))
+        return self._planned[1].pop(0) if self._planned[1] else None
 
     def _take_oldest(self, count: int) -> list[FinishedGroup]:
         batch: list[FinishedGroup] = []
         for version in sorted(self._by_version):
-            groups = sorted(self._by_version[version], key=lambda g: (g.item.order, g.item.attempt))
+            groups = sorted(self._by_version[version], key=_by_order)
             taken, rest = groups[: count - len(batch)], groups[count - len(batch) :]
             batch.extend(taken)
             if rest:
@@ -504,4 +397,4 @@ class RequeueStepPlanner(StepPlanner):
             if len(batch) == count:
                 break
         self._fresh -= len(batch)
-        return sorted(batch, key=lambda g: (g.item.order, g.item.attempt))
+        return sorted(batch, key=_by_order)

@@ -13,7 +13,7 @@ from ..backends.protocol import PendingResult, TrainingClient
 from ..rl.data import without_mask
 from ..rl.kl import incorporate_kl_penalty
 from ..types import Metrics
-from .schedules import StepPlan
+from .schedules import Minibatch
 from .weights import LatestWeights
 from .work import FinishedGroup
 
@@ -26,7 +26,7 @@ class TrainedStep:
         step: the step's index (its weights become version ``step + 1``).
         taken: every group the step consumed.
         skipped: the step's groups that failed beyond their error tolerance
-            (already retired by the planner; counted here for the record).
+            (already retired by the trainer; counted here for the record).
         trained: the groups whose data reached ``forward_backward`` (``taken``
             less those removed by the constant-reward filter).
         results: the backend's answers, in submission order.
@@ -52,7 +52,7 @@ class TrainedStep:
     # The runner's own bookkeeping while the step is in flight.
     pending: list[PendingResult[Any]] = field(default_factory=list[PendingResult[Any]], repr=False)
     grads_pending: bool = field(default=False, repr=False)
-    started: float = field(default_factory=time.perf_counter, repr=False)
+    started: float | None = field(default=None, repr=False)
 
 
 class StepRunner:
@@ -86,29 +86,35 @@ class StepRunner:
         self._kl = (kl_penalty_coef, kl_discount_factor)
         self._current: TrainedStep | None = None
 
-    async def run(
-        self, step: int, plan: StepPlan, summarize: Callable[[list[FinishedGroup]], Metrics]
-    ) -> TrainedStep | None:
-        """Train ``plan`` as step ``step``; None if the plan held no group (the data has ended).
+    def begin(self, step: int) -> None:
+        """Start step ``step``: its minibatches follow with :meth:`submit`, then :meth:`finish`."""
+        self._current = TrainedStep(step)
+
+    async def submit(self, minibatch: Minibatch) -> None:
+        """Submit ``minibatch``'s ``forward_backward`` (and ``optim_step``, if it ends a substep) without waiting."""
+        assert self._current is not None, "submit() between begin() and finish()"
+        self._current.taken.extend(minibatch.groups)
+        self._current.skipped += minibatch.skipped
+        await self._submit(self._current, minibatch.groups, optim=minibatch.optim_step)
+
+    async def finish(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
+        """Wait for the step's answers and publish its weights; None if it had no group (the data has ended).
 
         A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
         sampler: its weights version is published with the unchanged weights.
         """
-        current = self._current = TrainedStep(step)
-        while (minibatch := await plan.next_minibatch()) is not None:
-            current.taken.extend(minibatch.groups)
-            await self._submit(current, minibatch.groups, optim=minibatch.optim_step)
-        if not current.taken and not plan.skipped:
+        current = self._current
+        assert current is not None, "finish() after begin()"
+        if not current.taken and not current.skipped:
             self._current = None
             return None
-        current.skipped = plan.skipped
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._client.save_weights_for_sampler(f"{step + 1:06d}")
-            self._weights.publish(step + 1, sampler)
+            sampler = await self._client.save_weights_for_sampler(f"{done.step + 1:06d}")
+            self._weights.publish(done.step + 1, sampler)
         else:
-            self._weights.advance(step + 1)
+            self._weights.advance(done.step + 1)
         self._current = None
         return done
 
@@ -125,6 +131,8 @@ class StepRunner:
         return await self._complete(current)
 
     async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
+        if groups and current.started is None:
+            current.started = time.perf_counter()
         kept = [g for g in groups if not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
@@ -155,5 +163,6 @@ class StepRunner:
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]
-        current.train_seconds = time.perf_counter() - current.started
+        now = time.perf_counter()
+        current.train_seconds = now - (now if current.started is None else current.started)
         return current

@@ -12,18 +12,28 @@ from typing import Any
 import trio
 
 from ..asyncio_bridge import open_user_code_runner
-from ..backends.protocol import Backend, check_loss_before_work
+from ..backends.protocol import Backend, TrainingClient, check_loss_before_work
 from ..config import Config
 from ..errors import ConfigError, one_per_fault
-from ..rl.metrics import MetricsLog, merge_by_step
 from ..rl.rollouts import ParamsPerCall
 from ..rl.step_metrics import TokenCounts
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
-from .checkpoints import CheckpointLog, CheckpointRecord
+from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
+from .gate import ConsumptionGate
+from .items import DatasetItems
 from .jsonl import read_records
-from .pipeline import RolloutSettings, TrainerSettings, run_pipeline
+from .ledger import DataLedger
+from .metrics_log import MetricsLog, merge_by_step
+from .pipeline import (
+    Evaluation,
+    RolloutSettings,
+    Run,
+    TrainerOutcome,
+    TrainerSettings,
+    run_pipeline,
+)
 from .schedules import Schedule
 from .step_runner import StepRunner
 from .weights import LatestWeights
@@ -110,6 +120,14 @@ async def _one_error_per_fault() -> AsyncGenerator[None, None]:
         raise deduplicated from None
 
 
+@asynccontextmanager
+async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
+    """The nursery of the run's stages, which raises one error per fault."""
+    # User code that needs asyncio runs on one loop that lives as long as the stages.
+    async with _one_error_per_fault(), open_user_code_runner(config.asyncio_bridge), trio.open_nursery() as nursery:
+        yield nursery
+
+
 def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
     """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
@@ -119,11 +137,6 @@ def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> 
     except ValueError as error:
         raise ConfigError("loss_fn", str(error)) from None
     return first_batch
-
-
-def _planned_steps(config: Config, schedule: Schedule, num_batches: int, first_batch_size: int) -> int:
-    planned = schedule.planned_steps(num_batches, first_batch_size)
-    return planned if config.max_steps is None else min(planned, config.max_steps)
 
 
 async def train(
@@ -160,102 +173,121 @@ async def train(
             with ``except*``. The run never hangs on a failure.
     """
     first_batch = _check_before_work(config, dataset, backend)
-    schedule = config.schedule(len(first_batch))
-    log_path = Path(config.log_path)
     run_folder.claim(config, dataset_length=len(dataset))
-    checkpoints = CheckpointLog(log_path)
-    metrics_log: MetricsLog | None = None
+    checkpoint_log = CheckpointLog(Path(config.log_path))
+    run: Run | None = None
     try:
-        # User code that needs asyncio runs on one loop that lives as long as the stages.
-        async with (
-            _one_error_per_fault(),
-            open_user_code_runner(config.asyncio_bridge),
-            trio.open_nursery() as nursery,
-        ):
+        async with _run_nursery(config) as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
-            begin = await run_folder.start(config, backend, checkpoints)
-            training_client, start_step = begin.training_client, begin.step
-            ledger_start = (begin.cursor, begin.owed)
-            resumed = begin.resumed_from
-            start_tokens = (
-                TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
-                TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
-            )
-            (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
-            reference = None
-            if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
-                ref = config.kl_reference_config
-                reference = await backend.create_sampling_client(
-                    base_model=ref.base_model, model_path=ref.load_checkpoint_path
-                )
-            weights = LatestWeights()
-            weights.publish(start_step, await training_client.save_weights_for_sampler(f"{start_step:06d}"))
-            has_reader = task_status is not trio.TASK_STATUS_IGNORED
-            metrics_log = MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=LIVE_BUFFER if has_reader else 0)
-            task_status.started(RunHandle(metrics=metrics_log.live, log_path=log_path, _weights=weights))
+            begin = await run_folder.start(config, backend, checkpoint_log)
+            run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
+            rollout = await _rollout_settings(config, backend)
+            run.weights.publish(begin.step, await begin.training_client.save_weights_for_sampler(f"{begin.step:06d}"))
+            task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
             outcome = await run_pipeline(
                 nursery,
-                dataset=dataset,
-                first_batch=first_batch,
-                schedule=schedule,
-                rollout=RolloutSettings(
-                    seed=config.seed,
-                    # Built once: validating a SamplingParams per rollout showed up in profiles.
-                    sampling_params=ParamsPerCall(config.sampling_params()),
-                    error_strategy=config.rollout_strategy(),
-                    loss_fn=config.loss_fn,
-                    staleness_limit=schedule.staleness_limit,
-                    abandon_stale=schedule.abandons_stale_rollouts,
-                    reference=reference,
-                    exact_version=schedule.samples_exact_version,
-                ),
-                trainer=TrainerSettings(
-                    start_step=start_step,
-                    groups_per_step=schedule.groups_per_step,
-                    max_steps=config.max_steps,
-                    save_every=config.save_every,
-                    save_on_cancel=config.save_on_cancel,
+                run,
+                items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
+                rollout=rollout,
+                trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
+                runner=_step_runner(config, begin.training_client, run.weights),
+                checkpoints=CheckpointKeeper(
+                    checkpoint_log,
+                    begin.training_client,
+                    run.ledger,
+                    run.weights,
+                    shielded=config.save_on_cancel,
                     cancel_save_timeout=config.cancel_save_timeout,
-                    planned_steps=_planned_steps(config, schedule, len(dataset), len(first_batch)),
-                    start_tokens=start_tokens,
-                    learning_rate=config.learning_rate,
                 ),
-                runner=StepRunner(
-                    training_client,
-                    weights,
-                    loss_fn=config.loss_fn,
-                    loss_fn_config=config.loss_fn_config,
-                    adam_params=config.adam_params(),
-                    remove_constant_reward_groups=config.remove_constant_reward_groups,
-                    kl_penalty_coef=config.kl_penalty_coef,
-                    kl_discount_factor=config.kl_discount_factor,
-                ),
-                training_client=training_client,
-                weights=weights,
-                metrics=metrics_log,
-                checkpoint_log=checkpoints,
-                ledger_start=ledger_start,
-                evaluators=evaluators,
-                eval_every=config.eval_every,
-                eval_timeout=config.eval_timeout,
-                max_workers=config.num_workers,
+                evaluation=Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout),
             )
     finally:
-        if metrics_log is not None:
-            metrics_log.close()
-    counts = outcome.counts
-    summary = metrics_log.last_final if metrics_log is not None else None
+        if run is not None:
+            run.metrics.close()
+    assert run is not None, "the run was opened before its pipeline returned"
+    return _result(outcome, run.metrics, Path(config.log_path), begin.step)
+
+
+def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, live_buffer: int) -> Run:
+    """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
+    log_path = Path(config.log_path)
+    (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
+    return Run(
+        start_step=begin.step,
+        schedule=config.schedule(first_batch_size),
+        weights=LatestWeights(),
+        ledger=DataLedger(begin.cursor, begin.owed),
+        gate=ConsumptionGate(),
+        metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
+    )
+
+
+def _live_buffer(task_status: trio.TaskStatus[RunHandle]) -> int:
+    """Records the live channel holds: none unless a caller of ``nursery.start`` may read them."""
+    return LIVE_BUFFER if task_status is not trio.TASK_STATUS_IGNORED else 0
+
+
+async def _rollout_settings(config: Config, backend: Backend) -> RolloutSettings:
+    reference = None
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is not None:
+        ref = config.kl_reference_config
+        reference = await backend.create_sampling_client(base_model=ref.base_model, model_path=ref.load_checkpoint_path)
+    return RolloutSettings(
+        seed=config.seed,
+        # Built once: validating a SamplingParams per rollout showed up in profiles.
+        sampling_params=ParamsPerCall(config.sampling_params()),
+        error_strategy=config.rollout_strategy(),
+        loss_fn=config.loss_fn,
+        max_workers=config.num_workers,
+        reference=reference,
+    )
+
+
+def _trainer_settings(
+    config: Config, schedule: Schedule, resumed: CheckpointRecord | None, num_batches: int, first_batch_size: int
+) -> TrainerSettings:
+    planned = schedule.planned_steps(num_batches, first_batch_size)
+    return TrainerSettings(
+        groups_per_step=schedule.groups_per_step,
+        max_steps=config.max_steps,
+        save_every=config.save_every,
+        save_on_cancel=config.save_on_cancel,
+        cancel_save_timeout=config.cancel_save_timeout,
+        planned_steps=planned if config.max_steps is None else min(planned, config.max_steps),
+        start_tokens=(
+            TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
+            TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
+        ),
+        learning_rate=config.learning_rate,
+    )
+
+
+def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights) -> StepRunner:
+    return StepRunner(
+        client,
+        weights,
+        loss_fn=config.loss_fn,
+        loss_fn_config=config.loss_fn_config,
+        adam_params=config.adam_params(),
+        remove_constant_reward_groups=config.remove_constant_reward_groups,
+        kl_penalty_coef=config.kl_penalty_coef,
+        kl_discount_factor=config.kl_discount_factor,
+    )
+
+
+def _result(outcome: TrainerOutcome, metrics_log: MetricsLog, log_path: Path, first_step: int) -> TrainResult:
+    summary = metrics_log.last_final
     assert summary is not None, "the trainer writes the final record before it returns"
     return TrainResult(
         final_step=outcome.final_step,
         stopped_by_max_steps=outcome.stopped_by_max_steps,
         checkpoint=outcome.checkpoint,
-        trained_groups=counts.trained_groups,
-        dropped_groups=counts.dropped_stale,
+        trained_groups=outcome.counts.trained_groups,
+        dropped_groups=outcome.counts.dropped_stale,
         cancelled_groups=outcome.cancelled_groups,
         summary=summary,
         metrics_path=log_path / run_folder.METRICS_FILE,
-        first_step=start_step,
+        first_step=first_step,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from ..rl.metrics import GroupSummary
+from ..rl.summary import GroupSummary
 from ..types import EnvGroupBuilder, RolloutError
 
 
@@ -46,7 +46,7 @@ class WorkItem:
 class FinishedGroup:
     """A sampled group with the weights version it was sampled from.
 
-    It keeps its trajectories' :class:`~trio_rl.rl.metrics.GroupSummary` rather
+    It keeps its trajectories' :class:`~trio_rl.rl.summary.GroupSummary` rather
     than the trajectories: the data it trains on is built already, and at
     thousands of groups per step, waiting trajectories were most of what the
     garbage collector had to walk.
@@ -74,9 +74,9 @@ class AbandonedGroup:
 class SkippedGroup:
     """A group that failed beyond its error strategy's tolerance: skipped and counted, never trained.
 
-    The schedule's planner still counts it toward its step (a step waits for a
-    fixed number of groups), retires it from the ledger and frees its admission
-    slot at once, as for an :class:`AbandonedGroup`.
+    A schedule that fixes each step's groups in advance still counts it toward
+    its step (the step waits for a fixed number of groups); the trainer retires
+    it from the ledger and frees its admission slot at once.
 
     Attributes:
         item: the work item.

@@ -1,19 +1,13 @@
-"""Trajectory metrics under tinker-cookbook's names, and the per-step metrics log."""
+"""Trajectory metrics under tinker-cookbook's names, computed from group summaries (:class:`~trio_rl.rl.summary.GroupSummary`)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
 
-import trio
-
-from .. import _tinker_compat as compat
-from ..sinks import JsonlSink
-from ..types import Metrics, RolloutError, TrajectoryGroup
-from .rollouts import is_initial_overflow
+from ..types import Metrics, TrajectoryGroup
+from .summary import GroupSummary
 
 GOOD_REWARD_THRESHOLD = 0.5
 """A constant-reward group counts as all good at or above this reward, else all bad."""
@@ -28,67 +22,6 @@ def _mean(values: Sequence[float]) -> float:
 
 def _ratio(total: int, count: int) -> float:
     return total / count if count else math.nan
-
-
-class GroupSummary(NamedTuple):
-    """What a step's records need to know of one rolled-out group, taken as soon as it is rolled out.
-
-    A finished group waits for its step holding this instead of its trajectories:
-    a few numbers and tuples, which the garbage collector stops tracking, where
-    the trajectories are some eighty tracked objects (observations, actions,
-    transitions). Counts are kept as totals; rewards and metric values keep the
-    order the trajectories had, so the metrics made from summaries are the same
-    floats as those made from the groups. (A named tuple, because it is quick
-    to build; the collector stops tracking its tuples of numbers.)
-
-    Attributes:
-        total_rewards: per trajectory, its step rewards plus its final group reward.
-        transitions: transitions over all trajectories (the group's turns).
-        ac_tokens: action tokens over all transitions.
-        ob_tokens: observation tokens over all transitions.
-        transition_metrics: every transition's metrics, as ``(key, value)`` in order.
-        group_metrics: the group's ``compute_group_rewards`` metrics, as ``(key, value)`` in order.
-        initial_overflows: trajectories that ended at once on an overflowing prompt.
-        rollout_errors: the group's failed rollout attempts.
-    """
-
-    total_rewards: tuple[float, ...]
-    transitions: int
-    ac_tokens: int
-    ob_tokens: int
-    transition_metrics: tuple[tuple[str, float], ...]
-    group_metrics: tuple[tuple[str, float], ...]
-    initial_overflows: int
-    rollout_errors: tuple[RolloutError, ...]
-
-    @classmethod
-    def of(cls, group: TrajectoryGroup) -> GroupSummary:
-        """The summary of ``group``."""
-        transitions = ac_tokens = ob_tokens = overflows = 0
-        values: list[tuple[str, float]] = []
-        for trajectory in group.trajectories_G:
-            overflows += is_initial_overflow(trajectory)
-            for transition in trajectory.transitions:
-                transitions += 1
-                ac_tokens += len(transition.ac.tokens)
-                ob_tokens += compat.token_count(transition.ob)
-                values.extend((key, float(value)) for key, value in transition.metrics.items())
-        return cls(
-            total_rewards=tuple(group.get_total_rewards()),
-            transitions=transitions,
-            ac_tokens=ac_tokens,
-            ob_tokens=ob_tokens,
-            transition_metrics=tuple(values),
-            group_metrics=tuple((k, float(v)) for metrics in group.metrics_G for k, v in metrics.items()),
-            initial_overflows=overflows,
-            rollout_errors=tuple(group.rollout_errors),
-        )
-
-    @property
-    def constant_reward(self) -> bool:
-        """Whether every trajectory got the same total reward (no learning signal), as :func:`is_constant_reward`."""
-        rewards = self.total_rewards
-        return all(r == rewards[0] for r in rewards)
 
 
 def _metrics_for(prefix: str, groups: Sequence[GroupSummary]) -> Metrics:
@@ -164,60 +97,3 @@ def summary_metrics(groups: Sequence[GroupSummary], tags: Sequence[Sequence[str]
         for tag in sorted(by_tag):
             out.update(_metrics_for(f"env/{tag}", by_tag[tag]))
     return out
-
-
-class MetricsLog:
-    """Writes each record to ``metrics.jsonl`` the moment it is made, and mirrors it on a live channel.
-
-    A training step's record is written when the step ends; an evaluation's
-    record is written when the evaluation ends, as a line of its own under the
-    step whose weights it evaluated. So a slow evaluation never holds back the
-    training records, and every line says which weights it describes.
-
-    Nothing is kept in memory: a long run's records live in the file. The live
-    channel exists only for a run that has a reader (``nursery.start``), and holds
-    at most ``live_buffer`` records a slow reader has not taken yet; records past
-    that are not mirrored (they are still in the file) and are counted in
-    :attr:`live_dropped`.
-
-    Args:
-        path: the ``metrics.jsonl`` to append to.
-        live_buffer: records the live channel may hold; 0 for no live channel.
-    """
-
-    def __init__(self, path: Path | None, *, live_buffer: int = 0) -> None:
-        self._jsonl = JsonlSink(path) if path is not None else None
-        self._live_send, self.live = trio.open_memory_channel[dict[str, Any]](live_buffer)
-        self._mirror = live_buffer > 0
-        self.live_dropped = 0
-        """Records not mirrored on the live channel because its reader fell behind."""
-        self.last_final: dict[str, Any] | None = None
-        """The newest end-of-run record written (the one with ``run/final_step``)."""
-
-    def write(self, step: int, metrics: Metrics) -> None:
-        """Write a record of ``metrics`` under ``step``."""
-        record: dict[str, Any] = {"step": step, **metrics}
-        if "run/final_step" in record:
-            self.last_final = record
-        if self._jsonl is not None:
-            self._jsonl.write(record)
-        if self._mirror:
-            try:
-                self._live_send.send_nowait(record)
-            except (trio.WouldBlock, trio.BrokenResourceError):
-                self.live_dropped += 1
-
-    def close(self) -> None:
-        """Close the file and end the live channel."""
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
-        self._live_send.close()
-
-
-def merge_by_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One dict per step, merging a step's training, evaluation and end-of-run records, in step order."""
-    merged: dict[int, dict[str, Any]] = {}
-    for record in records:
-        merged.setdefault(record["step"], {}).update(record)
-    return [merged[step] for step in sorted(merged)]

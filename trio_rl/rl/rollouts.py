@@ -148,15 +148,6 @@ def _overflow_trajectory(overflow: InitialObservationOverflow) -> Trajectory:
     return Trajectory([transition], final_ob=empty, stop_reason=stop_reason_from_metrics(transition.metrics))
 
 
-def is_initial_overflow(trajectory: Trajectory) -> bool:
-    """Whether ``trajectory`` ended at once because its prompt overflowed (see :class:`InitialObservationOverflow`)."""
-    return (
-        len(trajectory.transitions) == 1
-        and not trajectory.transitions[0].ac.tokens
-        and trajectory.transitions[0].ob.length == 0
-    )
-
-
 async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     """Run one episode of ``env`` under ``policy``.
 

@@ -128,16 +128,13 @@ def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
     return TokenCounts(sampled=sampled, prefill_uncached=prefill)
 
 
-def step_tokens(
-    trained: Sequence[FinishedGroup],
-    filtered: Sequence[FinishedGroup],
-    submitted: Sequence[Sequence[tinker_types.Datum]],
-) -> tuple[TokenCounts, TokenCounts]:
-    """A step's tokens (its trained groups' rollouts and its submitted data) and the discarded ones
-    (rollouts of groups removed by the constant-reward filter), as the cookbook's ``CostTracker`` splits them."""
+def step_tokens(trained: Sequence[FinishedGroup], submitted: Sequence[Sequence[tinker_types.Datum]]) -> TokenCounts:
+    """A step's tokens: its trained groups' rollouts and its submitted data, as the cookbook's ``CostTracker`` counts them.
+
+    The rollouts of filtered groups are counted apart, as discarded (:func:`rollout_tokens`).
+    """
     trained_tokens = sum(compat.token_count(d.model_input) for data in submitted for d in data)
-    step = rollout_tokens(trained) + TokenCounts(trained=trained_tokens)
-    return step, rollout_tokens(filtered)
+    return rollout_tokens(trained) + TokenCounts(trained=trained_tokens)
 
 
 def count_metrics(counts: RunCounts) -> Metrics:
@@ -248,3 +245,19 @@ def trained_step_metrics(
     if done.kl_tokens:
         metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
     return metrics
+
+
+def final_record(final_step: int, stopped_by_max_steps: bool, counts: RunCounts, cancelled: int) -> Metrics:
+    """The final weights' record: where every group of the run went."""
+    return {
+        "run/final_step": final_step,
+        "run/stopped_by_max_steps": int(stopped_by_max_steps),
+        "run/trained_groups": counts.trained_groups,
+        "run/dropped_stale": counts.dropped_stale,
+        "run/requeued": counts.requeued,
+        "run/cancelled_groups": cancelled,
+        "run/filtered_constant": counts.filtered_groups,
+        "run/empty_batches": counts.empty_batches,
+        "run/groups_skipped": counts.groups_skipped,
+        **rollout_error_metrics(counts),
+    }
