@@ -74,6 +74,7 @@ class StepRunner:
         loss_fn_config: dict[str, float] | None,
         adam_params: tinker_types.AdamParams,
         remove_constant_reward_groups: bool,
+        keep_one_constant_group: bool = False,
         kl_penalty_coef: float = 0.0,
         kl_discount_factor: float = 0.0,
     ) -> None:
@@ -83,6 +84,8 @@ class StepRunner:
         self._loss_fn_config = loss_fn_config
         self._adam_params = adam_params
         self._filter = remove_constant_reward_groups
+        # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
+        self._keep_one = keep_one_constant_group
         self._kl = (kl_penalty_coef, kl_discount_factor)
         self._current: TrainedStep | None = None
 
@@ -124,8 +127,10 @@ class StepRunner:
         current.summary = summarize(current.taken)
         return await self._complete(current)
 
-    async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
-        kept = [g for g in groups if not (self._filter and g.summary.constant_reward)]
+    async def _submit(
+        self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool, keep: bool = False
+    ) -> None:
+        kept = [g for g in groups if keep or not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
             diffs = [diff for group in kept for diff in group.reference_diffs or []]
@@ -152,6 +157,8 @@ class StepRunner:
             current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
+        if self._keep_one and not current.trained and current.taken:
+            await self._submit(current, current.taken[:1], optim=True, keep=True)
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]
