@@ -62,7 +62,7 @@ def check_loss_on_backend(config: Config, backend: object) -> None:
             "async_config.loss_fn",
             f"{error}. Async runs train AsyncConfig.loss_fn (default 'stable_reinforce', as in tinker-cookbook "
             "0.6.1), not Config.loss_fn; choose one this backend trains, e.g. "
-            "AsyncConfig(..., loss_fn='importance_sampling')",
+            "AsyncConfig(..., loss_fn='importance_sampling') (on the examples' command line: --loss-fn)",
         ) from None
 
 

@@ -164,7 +164,7 @@ def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:
             # tinker-cookbook 0.6.1 builds a Datum around image chunks; trio_rl's data,
             # KL penalty and local backends work on token ids only.
             raise ValueError(
-                f"turn {turn}: the observation holds a {type(chunk).__name__} "
+                f"turn {turn}: the observation holds an unsupported chunk, {type(chunk).__name__} "
                 f"(type {getattr(chunk, 'type', '?')!r}); trio_rl builds training data from token chunks "
                 "(EncodedTextChunk) only, so observations with images cannot be trained on"
             )
