@@ -3,6 +3,7 @@ and the conflict check at the top of ``main``), and which backends train it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,9 @@ def test_the_training_loss_is_async_configs_in_async_mode_and_config_loss_otherw
 
 def test_a_non_default_config_loss_conflicting_with_async_configs_is_refused(tmp_path: Path) -> None:
     config = Config(log_path=tmp_path, loss_fn="ppo", async_config=AsyncConfig(1, 4))
-    with pytest.raises(ConfigError, match="Config.loss_fn='ppo' conflicts with AsyncConfig.loss_fn='stable_reinforce'"):
+    with pytest.raises(
+        ConfigError, match=re.escape("Config.loss_fn='ppo' conflicts with AsyncConfig.loss_fn='stable_reinforce'")
+    ):
         config.validate()
     with pytest.raises(ConfigError) as info:
         config.validate()
@@ -62,7 +65,9 @@ def test_stable_reinforce_on_an_sdk_without_it_names_the_sdk_and_the_version_it_
     monkeypatch.setattr(config_checks, "LOSS_FNS", ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro"))
     monkeypatch.setattr(config_checks.compat, "SDK_VERSION", "tinker 0.24.1")
     config = Config(log_path=tmp_path, async_config=AsyncConfig(1, 4))
-    with pytest.raises(ConfigError, match="needs the tinker SDK 0.38 or later; the installed tinker 0.24.1") as info:
+    with pytest.raises(
+        ConfigError, match=re.escape("needs the tinker SDK 0.38 or later; the installed tinker 0.24.1")
+    ) as info:
         config.validate()
     assert info.value.field == "async_config.loss_fn"
 

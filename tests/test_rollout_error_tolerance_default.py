@@ -41,5 +41,7 @@ def test_the_command_lines_default_error_strategy_is_the_models() -> None:
 
     config = make_config(parse_args(CommonArgs, ["--model", "thinkingmachines/Inkling-1"]))
     assert config.rollout_error_tolerance is None and config.rollout_strategy() == MinViableGroup()
-    explicit = make_config(parse_args(CommonArgs, ["--model", "thinkingmachines/Inkling-1", "--error-strategy", "fail-fast"]))
+    explicit = make_config(
+        parse_args(CommonArgs, ["--model", "thinkingmachines/Inkling-1", "--error-strategy", "fail-fast"])
+    )
     assert explicit.rollout_strategy() == FailFast()

@@ -25,7 +25,7 @@ async def test_sync_batch_of_constant_groups_trains_its_first_group(log_path: Pa
     forward = backend.calls_of("forward_backward")
     # Step 0 trained one group of 4 trajectories, step 1 all four groups.
     assert [c.detail["data"] for c in forward] == [4, 16]
-    assert [c.detail["groups"] for c in forward][0] == [(0, 0)]
+    assert forward[0].detail["groups"] == [(0, 0)]
     assert len(backend.calls_of("optim_step")) == 2
     # The kept group is trained, not filtered; a new sampler is saved for each step.
     assert [r["data/groups_filtered_constant"] for r in result.step_metrics] == [3, 3]

@@ -8,6 +8,7 @@ training request names them through each Datum's provenance (``Datum.with_proven
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,9 +110,8 @@ async def test_tinker_backend_refuses_a_datum_without_provenance_before_sending_
 
 
 def test_the_standin_in_the_0_24_style_has_no_record_stability_info_parameter() -> None:
-    with open_standin_service(sdk_style="0.24") as service:
-        with pytest.raises(TypeError, match="record_stability_info"):
-            service.create_sampling_client(base_model=BASE_MODEL, record_stability_info=True)
+    with open_standin_service(sdk_style="0.24") as service, pytest.raises(TypeError, match="record_stability_info"):
+        service.create_sampling_client(base_model=BASE_MODEL, record_stability_info=True)
 
 
 def test_tinker_backend_refuses_stable_reinforce_on_an_sdk_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +120,7 @@ def test_tinker_backend_refuses_stable_reinforce_on_an_sdk_without_it(monkeypatc
     monkeypatch.setattr(_tinker_compat, "HAS_STABLE_REINFORCE", False)
     monkeypatch.setattr(_tinker_compat, "SDK_VERSION", "tinker 0.24.1")
     backend = TinkerBackend(api_key="tml-unused")
-    with pytest.raises(ValueError, match="with tinker 0.24.1: it needs tinker 0.38 or later"):
+    with pytest.raises(ValueError, match=re.escape("with tinker 0.24.1: it needs tinker 0.38 or later")):
         backend.check_loss_fn("stable_reinforce", None)
     backend.check_loss_fn("importance_sampling", None)
     assert backend.record_stability_info is False
