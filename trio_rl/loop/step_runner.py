@@ -95,7 +95,8 @@ class StepRunner:
         """Train ``plan`` as step ``step``; None if the plan held no group (the data has ended).
 
         A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
-        sampler: its weights version is published with the unchanged weights.
+        sampler: its weights version is published with the unchanged weights. With
+        ``keep_one_constant_group`` (sync mode), an all-filtered step trains its first group instead.
         """
         current = self._current = TrainedStep(step)
         while (minibatch := await plan.next_minibatch()) is not None:
