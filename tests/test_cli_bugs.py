@@ -162,7 +162,7 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--mode", "stream", "--groups-per-batch", "8", "--num-minibatches", "4"], "stream_minibatch_config",
      StreamMinibatchConfig(8, 4)),
     (["--mode", "async", "--max-steps-off-policy", "2", "--staleness", "pace"], "async_config",
-     AsyncConfig(2, 8, "pace")),
+     AsyncConfig(2, 8, "pace", loss_fn="importance_sampling")),
     (["--load-checkpoint-path", "/tmp/state"], "load_checkpoint_path", "/tmp/state"),
     (["--resume"], "resume", True),
     (["--overwrite"], "overwrite", True),

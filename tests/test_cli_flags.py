@@ -46,7 +46,7 @@ def test_every_config_field_has_a_docstring_and_help_is_plain_text() -> None:
     # Markup becomes what a terminal should show; a docstring over two lines becomes one.
     assert "``" not in "".join(docs.values()) and ":class:" not in "".join(docs.values())
     assert docs["rollout_error_tolerance"].startswith(
-        "what a failed rollout does, as in tinker-cookbook: False (FailFast"
+        "what a failed rollout does, as in tinker-cookbook 0.6.1: None (per base_model"
     )
     assert "(trio_rl.asyncio_bridge)" in docs["asyncio_bridge"] and "\n" not in docs["asyncio_bridge"]
 
@@ -95,26 +95,30 @@ def _changed(config: Config) -> dict[str, Any]:
 BEFORE: dict[str, dict[str, Any]] = {
     "arithmetic": {
         "log_path": "runs/arithmetic", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 600, "eval_every": 50,
-        "save_every": 100, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace"},
+        "save_every": 100, "save_on_cancel": True,
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace",
+                         "loss_fn": "importance_sampling"},
     },
     "guess_number": {
         "log_path": "runs/guess_number", "learning_rate": 2e-3, "loss_fn": "ppo", "max_tokens": 2, "max_steps": 150,
-        "eval_every": 25, "save_every": 50, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "pace"},
+        "eval_every": 25, "save_every": 50, "save_on_cancel": True,
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "pace",
+                         "loss_fn": "ppo"},
     },
     "embedding": {
         "log_path": "runs/embedding", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 1000, "eval_every": 0,
-        "save_every": 100, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace"},
+        "save_every": 100, "save_on_cancel": True,
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace",
+                         "loss_fn": "importance_sampling"},
     },
     "smollm2_addition": {
         "log_path": "runs/smollm2_addition", "base_model": "SmolLM2-135M-Instruct", "learning_rate": 2e-4,
         "lora_rank": 8, "max_tokens": 6, "max_steps": 60, "eval_every": 5, "save_on_cancel": True,
-        "rollout_error_tolerance": {"type": "FailFast"},
     },
 }  # fmt: skip
-"""Each example's Config from no flags when its flags were declared apart from Config (commit 278de5e)."""
+"""Each example's Config from no flags when its flags were declared apart from Config (commit 278de5e), but for
+issue 20: the async mode carries the example's loss into AsyncConfig.loss_fn, and rollout_error_tolerance is
+Config's default None (FailFast for these models, as before)."""
 
 
 @pytest.mark.parametrize("example", WITH_CONFIG)
@@ -165,7 +169,8 @@ def test_flags_that_redeclare_a_config_field_are_refused() -> None:
 def test_the_mode_flags_build_configs_structured_fields() -> None:
     args = parse_args(CommonArgs, ["--groups-per-batch", "4", "--max-steps-off-policy", "2"])
     config = make_config(args)
-    assert config.async_config == AsyncConfig(2, 4, "pace") and config.rollout_strategy() == FailFast()
+    assert config.async_config == AsyncConfig(2, 4, "pace", loss_fn=config.loss_fn)
+    assert config.rollout_strategy() == FailFast()
     assert make_config(parse_args(CommonArgs, ["--mode", "sync"])).mode == "sync"
     # The command line's own Config: Config's defaults, a run folder, an end, and Ctrl-C saving.
     assert _changed(args.config) == {"log_path": "runs/example", "max_steps": 100, "save_on_cancel": True}

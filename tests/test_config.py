@@ -105,7 +105,7 @@ def test_config_round_trips_through_config_json(tmp_path: Path) -> None:
         log_path=tmp_path,
         loss_fn="ppo",
         loss_fn_config={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-        async_config=AsyncConfig(2, 4, "pace"),
+        async_config=AsyncConfig(2, 4, "pace", loss_fn="ppo"),
         rollout_error_tolerance=MinViableGroup(min_successful=2, max_retries=3),
         kl_penalty_coef=0.1,
         kl_reference_config=KLReferenceConfig("trio-rl-tiny"),

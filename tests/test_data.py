@@ -145,3 +145,30 @@ def test_stable_reinforce_data_carries_which_sampled_sequence_each_token_came_fr
     assert plain.model_input_spans is None
     anonymous = Trajectory([turn([1, 2], [3], [-0.3])], ob([1, 2, 3]))
     assert trajectory_to_data(anonymous, 1.0, loss_fn="stable_reinforce")[0].model_input_spans is None
+
+
+def test_provenance_survives_a_turn_that_adds_no_token_without_a_sequence_id() -> None:
+    # tinker-cookbook 0.6.1: only a turn that adds tokens without a sequence_id drops the datum's provenance.
+    first = Transition(ob([1, 2]), TokensWithLogprobs([3], [-0.3], sequence_id="s1"), 0.0, False)
+    empty = Transition(ob([1, 2, 3]), TokensWithLogprobs([], [], sequence_id=None), 0.0, True)
+    (datum,) = trajectory_to_data(Trajectory([first, empty], ob([1, 2, 3])), 1.0, loss_fn="stable_reinforce")
+    assert datum.loss_fn_input_spans is not None
+
+
+def test_a_datum_none_of_whose_targets_was_sampled_gets_no_provenance() -> None:
+    # One prompt token and one sampled token: the target is sampled, provenance is kept.
+    kept = Trajectory([Transition(ob([1]), TokensWithLogprobs([3], [-0.3], sequence_id="s1"), 0.0, True)], ob([1, 3]))
+    assert trajectory_to_data(kept, 1.0, loss_fn="stable_reinforce")[0].loss_fn_input_spans is not None
+    # A new observation that does not extend the sequence flushes a datum of prompt tokens only
+    # when the action sampled nothing (an initial-observation overflow): no sampled target, no provenance.
+    overflow = Transition(ob([1, 2, 3]), TokensWithLogprobs([], [], sequence_id="s1"), 0.0, True)
+    (datum,) = trajectory_to_data(Trajectory([overflow], ob([1, 2, 3])), 1.0, loss_fn="stable_reinforce")
+    assert datum.loss_fn_input_spans is None
+
+
+def test_an_observation_with_an_image_chunk_is_refused_naming_the_chunk_type() -> None:
+    image = tinker_types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
+    observation = tinker_types.ModelInput(chunks=[tinker_types.EncodedTextChunk(tokens=[1, 2]), image])
+    trajectory = Trajectory([Transition(observation, TokensWithLogprobs([3], [-0.3]), 1.0, True)], ob([1]))
+    with pytest.raises(ValueError, match=r"turn 0: the observation holds an unsupported chunk, ImageChunk \(type 'image'\)"):
+        trajectory_to_data(trajectory, 1.0)

@@ -77,7 +77,7 @@ async def test_the_policy_learns_through_train(tmp_path: Path, peaked_tiny_model
         eval_every=0,
         save_every=0,
         seed=0,
-        async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4) if mode == "async" else None,
+        async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, loss_fn="importance_sampling") if mode == "async" else None,
     )
     with trio.fail_after(120):
         async with backend(tmp_path / "run") as be:

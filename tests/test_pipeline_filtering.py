@@ -11,7 +11,12 @@ from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 
-@pytest.mark.parametrize("mode", MODES)
+SKIPPING_MODES = [mode for mode in MODES if mode != "sync"]
+"""The modes that skip a batch whose groups are all filtered, as tinker-cookbook 0.6.1's stream and async loops
+do; its sync loop trains the batch's first group (tests/test_sync_constant_reward_batch.py)."""
+
+
+@pytest.mark.parametrize("mode", SKIPPING_MODES)
 async def test_a_batch_left_empty_by_filtering_trains_nothing_and_goes_on(
     log_path: Path, mode: str, autojump_clock: MockClock
 ) -> None:
@@ -41,7 +46,7 @@ async def test_stream_minibatch_emptied_by_filtering(log_path: Path, autojump_cl
     assert len(backend.calls_of("optim_step")) == 1
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SKIPPING_MODES)
 async def test_filtered_groups_are_not_counted_as_trained_and_publish_nothing(
     log_path: Path, mode: str, autojump_clock: MockClock
 ) -> None:

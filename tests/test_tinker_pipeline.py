@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,11 @@ async def test_training_run_through_tinker_backend(tmp_path: Path, mode: str, sd
     dataset = FakeDataset(num_batches=4, batch_size=4, spec=FakeEnvSpec(group_size=2, turns=2))
     evaluator = FakeEvaluator()
     config = make_config(tmp_path / "run", mode, eval_every=2, save_every=2, max_tokens=4)
+    if config.async_config is not None and sdk_style == "0.24":
+        # tinker 0.24.1 has no stable_reinforce, AsyncConfig's default: such a run chooses its loss.
+        config = dataclasses.replace(
+            config, async_config=dataclasses.replace(config.async_config, loss_fn="importance_sampling")
+        )
     with open_standin_service(sdk_style=sdk_style, latency_s=0.001, jitter_s=0.002) as service:
         with trio.fail_after(60):
             async with TinkerBackend(service_client=service) as backend:
@@ -42,3 +48,6 @@ async def test_training_run_through_tinker_backend(tmp_path: Path, mode: str, sd
         assert [r["sampling_client/step_min"] for r in result.step_metrics] == list(range(result.final_step))
     assert result.summary["run/trained_groups"] + result.summary["run/dropped_stale"] == 16
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+    # Every forward_backward trained the run's loss (an async run on 0.38: stable_reinforce, which the
+    # stand-in refuses without provenance naming sequences sampled with stability info).
+    assert set(service.trained_losses) == {config.training_loss_fn()}

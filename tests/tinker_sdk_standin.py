@@ -17,6 +17,15 @@ against the things that make the real SDK awkward under Trio:
   (``time.sleep``); in the 0.24 style creation returns the client itself, in the 0.38
   style a future of it that is also usable as the client.
 
+``stable_reinforce`` is served as tinker 0.38 describes it (``SampleRequest.record_stability_info``,
+``TrainingClient.create_sampling_client(record_stability_info=...)``, ``Datum.with_provenance`` and
+``types/provenance_spans.py``; tinker-cookbook 0.6.1's ``_check_provenance`` and its note that the loss
+accepts nonzero advantages only on sampled tokens): a sampler created with ``record_stability_info=True``
+records each sequence it samples, under its ``sequence_id``; a ``stable_reinforce`` ``forward_backward``
+is refused unless every Datum carries provenance whose spans name recorded sequences and reproduce
+their prompt and sampled tokens, with zero advantages on prompt tokens. The 0.24 style has no
+``record_stability_info`` parameter, as tinker 0.24.1 has none.
+
 Tests can hold requests of one kind (:meth:`StandinServiceClient.hold`), make them
 fail (:meth:`StandinServiceClient.fail_next`), and inspect what happened
 (``events``, ``blocking_calls``, ``cancelled``, ``loop_errors``).
@@ -55,7 +64,10 @@ LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "ppo": RL_LOSS_INPUTS,
     "cispo": RL_LOSS_INPUTS,
     "dro": RL_LOSS_INPUTS,
+    "stable_reinforce": RL_LOSS_INPUTS,
 }
+STABILITY_LOSSES = frozenset({"stable_reinforce"})
+"""Losses the service trains only on sequences whose stability info it recorded, named by provenance."""
 
 
 class StandinError(Exception):
@@ -209,6 +221,11 @@ class StandinServiceClient:
         self.closed_with: str | None = None
         self.training_clients: list[StandinTrainingClient] = []
         self.checkpoints: dict[str, _Checkpoint] = {}
+        self.stability_records: dict[str, tuple[list[int], list[int]]] = {}
+        """``sequence_id`` -> (prompt tokens, sampled tokens) of every sequence sampled by a
+        sampler created with ``record_stability_info=True``."""
+        self.trained_losses: list[str] = []
+        """The ``loss_fn`` of every ``forward_backward`` served, in order."""
         self._lock = threading.Lock()
         self._pending: collections.Counter[str] = collections.Counter()
         self._faults: dict[str, collections.deque[BaseException]] = collections.defaultdict(
@@ -294,14 +311,19 @@ class StandinServiceClient:
         )
 
     def create_sampling_client(
-        self, model_path: str | None = None, base_model: str | None = None, retry_config: Any = None
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool | None = None,
     ) -> Any:
         del retry_config
+        record = self._stability_argument(record_stability_info)
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
         self._block("create_sampling_client", self.config.blocking_create_s)
         return self._client_result(
-            self._run("create_sampling_client", self._open_sampler(model_path, base_model)),
+            self._run("create_sampling_client", self._open_sampler(model_path, base_model, record)),
             training=False,
         )
 
@@ -313,6 +335,54 @@ class StandinServiceClient:
         return StandinAPIFuture(done)
 
     # ---- internals -----------------------------------------------------------------
+
+    def _stability_argument(self, record_stability_info: bool | None) -> bool:
+        if record_stability_info is not None and self.config.sdk_style == "0.24":
+            # tinker 0.24.1's create_sampling_client has no such parameter.
+            raise TypeError("create_sampling_client() got an unexpected keyword argument 'record_stability_info'")
+        return bool(record_stability_info)
+
+    def _check_stability(self, loss_fn: str, data: list[tinker_types.Datum]) -> None:
+        """Refuse a ``stable_reinforce`` batch as the service would: provenance, recorded sequences, tokens."""
+        for index, datum in enumerate(data):
+            input_spans = getattr(datum, "model_input_spans", None)
+            target_spans = getattr(datum, "loss_fn_input_spans", None)
+            if input_spans is None or target_spans is None:
+                raise StandinError(f"{loss_fn}: datum {index} has no provenance (Datum.with_provenance)")
+            targets = [int(t) for t in datum.loss_fn_inputs["target_tokens"].tolist()]
+            advantages = datum.loss_fn_inputs["advantages"].tolist()
+            self._check_spans(loss_fn, index, "model_input", input_spans, datum.model_input.to_ints(), None)
+            self._check_spans(loss_fn, index, "loss_fn_inputs", target_spans, targets, advantages)
+
+    def _check_spans(
+        self,
+        loss_fn: str,
+        index: int,
+        field: str,
+        spans: Sequence[Any],
+        tokens: list[int],
+        advantages: list[float] | None,
+    ) -> None:
+        position = 0
+        for span in spans:
+            with self._lock:
+                record = self.stability_records.get(span.sequence_id)
+            if record is None:
+                raise StandinError(
+                    f"{loss_fn}: datum {index} names sequence {span.sequence_id!r}, which has no stability info "
+                    "(sample it with a client created with record_stability_info=True)"
+                )
+            prompt, sampled = record
+            is_prompt = isinstance(span, tinker_types.PromptProvenanceSpan)
+            source = prompt if is_prompt else sampled
+            covered = tokens[position : position + span.length]
+            if covered != source[span.offset : span.offset + span.length]:
+                raise StandinError(f"{loss_fn}: datum {index}'s {field} spans do not reproduce sequence tokens")
+            if advantages is not None and is_prompt and any(advantages[position : position + span.length]):
+                raise StandinError(f"{loss_fn}: datum {index} has nonzero advantages on prompt tokens")
+            position += span.length
+        if position != len(tokens):
+            raise StandinError(f"{loss_fn}: datum {index}'s {field} spans cover {position} of {len(tokens)} tokens")
 
     def _loop(self) -> _LoopThread:
         with self._lock:
@@ -382,14 +452,20 @@ class StandinServiceClient:
         return self._client_result(self._run(call, create()), training=True)
 
     async def _open_sampler(
-        self, model_path: str | None, base_model: str | None
+        self, model_path: str | None, base_model: str | None, record_stability_info: bool = False
     ) -> StandinSamplingClient:
         if model_path is None:
             assert base_model is not None
-            return StandinSamplingClient(self, model_path=None, base_model=base_model, weights_step=0)
+            return StandinSamplingClient(
+                self, model_path=None, base_model=base_model, weights_step=0, record=record_stability_info
+            )
         checkpoint = self._checkpoint(model_path, "sampler")
         return StandinSamplingClient(
-            self, model_path=model_path, base_model=checkpoint.base_model, weights_step=checkpoint.step
+            self,
+            model_path=model_path,
+            base_model=checkpoint.base_model,
+            weights_step=checkpoint.step,
+            record=record_stability_info,
         )
 
     def _checkpoint(self, path: str, kind: Literal["state", "sampler"]) -> _Checkpoint:
@@ -443,12 +519,19 @@ class StandinTrainingClient:
             needed = LOSS_INPUTS.get(loss_fn)
             if needed is None:
                 raise StandinError(f"unknown loss_fn {loss_fn!r}")
-            outputs: list[dict[str, tinker_types.TensorData]] = []
-            total = 0.0
+            if self.service.config.sdk_style == "0.24" and loss_fn in STABILITY_LOSSES:
+                raise StandinError(f"unknown loss_fn {loss_fn!r}")  # 0.24.1's LossFnType lacks it
             for datum in data:
                 missing = [k for k in needed if k not in datum.loss_fn_inputs]
                 if missing:
                     raise StandinError(f"{loss_fn} needs loss_fn_inputs {missing}")
+            if loss_fn in STABILITY_LOSSES:
+                self.service._check_stability(loss_fn, data)
+            with self.service._lock:
+                self.service.trained_losses.append(loss_fn)
+            outputs: list[dict[str, tinker_types.TensorData]] = []
+            total = 0.0
+            for datum in data:
                 n = len(datum.loss_fn_inputs["target_tokens"].tolist())
                 logprob = -1.0 / (1 + self.step)
                 outputs.append({"logprobs": _tinker_compat.tensor([logprob] * n, "float32")})
@@ -505,8 +588,12 @@ class StandinTrainingClient:
         del weights_access_token
         return self._submit("load_state_with_optimizer", lambda: self._load(path, optimizer=True))
 
-    def create_sampling_client(self, model_path: str, retry_config: Any = None) -> Any:
-        return self.service.create_sampling_client(model_path=model_path, retry_config=retry_config)
+    def create_sampling_client(
+        self, model_path: str, retry_config: Any = None, record_stability_info: bool | None = None
+    ) -> Any:
+        return self.service.create_sampling_client(
+            model_path=model_path, retry_config=retry_config, record_stability_info=record_stability_info
+        )
 
     def get_tokenizer(self) -> StandinTokenizer:
         self.service._block("get_tokenizer", self.service.config.blocking_tokenizer_s)
@@ -546,6 +633,8 @@ class StandinSamplingClient:
 
     Attributes:
         weights_step: The training step of the weights it samples from.
+        record_stability_info: Whether the service records each sampled sequence (for
+            ``stable_reinforce``).
     """
 
     def __init__(
@@ -555,11 +644,13 @@ class StandinSamplingClient:
         model_path: str | None,
         base_model: str,
         weights_step: int,
+        record: bool = False,
     ) -> None:
         self.service = service
         self.model_path = model_path
         self.base_model = base_model
         self.weights_step = weights_step
+        self.record_stability_info = record
 
     def sample(
         self,
@@ -580,7 +671,11 @@ class StandinSamplingClient:
                 rng = self._rng(prompt_tokens, sampling_params.seed, index)
                 tokens = [rng.randrange(config.vocab_size) for _ in range(max_tokens)]
                 logprobs = [-2.0 * rng.random() for _ in tokens]
-                sequences.append(_tinker_compat.sampled_sequence(tokens, logprobs, "length"))
+                sequence = _tinker_compat.sampled_sequence(tokens, logprobs, "length")
+                if self.record_stability_info:
+                    with self.service._lock:
+                        self.service.stability_records[sequence.sequence_id] = (list(prompt_tokens), tokens)
+                sequences.append(sequence)
             return _tinker_compat.sample_response(sequences)
 
         return self._future(self.service._run("sample", work()))

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.metadata
+import inspect
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pydantic
@@ -137,6 +139,33 @@ HAS_PROVENANCE = hasattr(tinker_types, "SampledProvenanceSpan") and hasattr(tink
 """Whether this SDK can say which sampled sequence a Datum's tokens came from (after 0.24)."""
 
 
+def _sdk_version() -> str:
+    try:
+        return f"tinker {importlib.metadata.version('tinker')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "tinker SDK"
+
+
+SDK_VERSION = _sdk_version()
+"""The installed SDK, as named in error messages (``"tinker 0.38.0"``)."""
+
+
+def _samplers_record_stability_info() -> bool:
+    try:
+        import tinker
+
+        return "record_stability_info" in inspect.signature(tinker.TrainingClient.create_sampling_client).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
+HAS_STABLE_REINFORCE = (
+    "stable_reinforce" in get_args(tinker_types.LossFnType) and HAS_PROVENANCE and _samplers_record_stability_info()
+)
+"""Whether this SDK can train ``stable_reinforce``: it names the loss, carries provenance on a
+Datum, and creates samplers with ``record_stability_info`` (0.38; 0.24.1 has none of the three)."""
+
+
 def prompt_span(sequence_id: str, *, offset: int, length: int) -> Any:
     """Tokens ``offset:offset + length`` of the prompt of the request that sampled ``sequence_id``."""
     return tinker_types.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)  # type: ignore[attr-defined]
@@ -145,6 +174,11 @@ def prompt_span(sequence_id: str, *, offset: int, length: int) -> Any:
 def sampled_span(sequence_id: str, *, length: int) -> Any:
     """The first ``length`` sampled tokens of ``sequence_id``."""
     return tinker_types.SampledProvenanceSpan(sequence_id=sequence_id, length=length)  # type: ignore[attr-defined]
+
+
+def is_sampled_span(span: Any) -> bool:
+    """Whether ``span`` covers sampled tokens (not prompt tokens)."""
+    return isinstance(span, tinker_types.SampledProvenanceSpan)  # type: ignore[attr-defined]
 
 
 def drop_first(spans: list[Any]) -> list[Any]:

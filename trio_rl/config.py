@@ -13,7 +13,14 @@ from .asyncio_bridge import BridgeMode
 from .config_checks import LOSS_FNS, check_async_config, check_stream_config, validate_config
 from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
 from .rl.kl import KLReferenceConfig
-from .rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure, rollout_strategy_from_config
+from .rl.rollouts import (
+    ErrorStrategy,
+    FailFast,
+    MinViableGroup,
+    RetryOnFailure,
+    default_rollout_strategy_for_model,
+    rollout_strategy_from_config,
+)
 
 __all__ = ["LOSS_FNS", "AsyncConfig", "Config", "StreamMinibatchConfig"]
 
@@ -54,11 +61,17 @@ class AsyncConfig:
             steps stale, so no completed group is discarded, but a step waits for
             its stragglers; ``"requeue"`` (the cookbook 0.5.5 behaviour) resamples groups more than K steps stale while the
             dataset still has data and drops them (counted) afterwards.
+        loss_fn: the loss async runs train with, in place of ``Config.loss_fn``, as in
+            tinker-cookbook 0.6.1 (default ``"stable_reinforce"``, which needs the tinker
+            SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so
+            choose e.g. ``AsyncConfig(..., loss_fn="importance_sampling")`` there). A
+            ``Config.loss_fn`` other than its default and this value is refused.
     """
 
     max_steps_off_policy: int
     groups_per_batch: int
     staleness: Literal["pace", "requeue"] = "pace"
+    loss_fn: str = "stable_reinforce"
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -103,7 +116,7 @@ class Config:
     top_p: float = 1.0
     """nucleus sampling: the smallest set of tokens with this much probability (1: all)"""
     loss_fn: str = "importance_sampling"
-    """the loss sent with forward_backward"""
+    """the loss sent with forward_backward in sync and stream modes (async runs train AsyncConfig.loss_fn)"""
     loss_fn_config: dict[str, float] | None = field(default=None, hash=False)
     """loss parameters as name and value, e.g. clip_low_threshold 0.8 (None: the loss's defaults)"""
     num_substeps: int = 1
@@ -126,8 +139,9 @@ class Config:
     """seed of every rollout's randomness (the examples seed their data and initial weights with it too)"""
     num_workers: int | None = None
     """concurrent rollout workers (None: enough for every group in flight)"""
-    rollout_error_tolerance: bool | ErrorStrategy = False
-    """what a failed rollout does, as in tinker-cookbook: False (:class:`~trio_rl.FailFast`: the run ends), True
+    rollout_error_tolerance: bool | ErrorStrategy | None = None
+    """what a failed rollout does, as in tinker-cookbook 0.6.1: None (per base_model: MinViableGroup for
+    thinkingmachines/Inkling models, else FailFast), False (:class:`~trio_rl.FailFast`: the run ends), True
     (:class:`~trio_rl.RetryOnFailure`) or a strategy; a group beyond its tolerance is skipped and counted"""
     stream_minibatch_config: StreamMinibatchConfig | None = None
     """selects the stream mode: on-policy, each minibatch trained as soon as it fills"""
@@ -175,8 +189,17 @@ class Config:
             return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
         return Sync(max(1, dataset_batch_size), self.num_substeps)
 
+    def training_loss_fn(self) -> str:
+        """The loss this run trains with: ``async_config.loss_fn`` in async mode, ``loss_fn`` otherwise.
+
+        The cookbook 0.6.1's ``Config.training_loss_fn()``; everything that reads the loss reads this.
+        """
+        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``)."""
+        if self.rollout_error_tolerance is None:
+            return default_rollout_strategy_for_model(self.base_model)
         return rollout_strategy_from_config(self.rollout_error_tolerance)
 
     def adam_params(self) -> tinker_types.AdamParams:

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, get_args
 
 from tinker import types as tinker_types
 
+from . import _tinker_compat as compat
 from .asyncio_bridge import BRIDGE_MODES
+from .backends.protocol import check_loss_before_work
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -16,6 +18,9 @@ LOSS_FNS: tuple[str, ...] = tuple(name for name in get_args(tinker_types.LossFnT
 """Every loss the installed tinker SDK's ``LossFnType`` admits, except ``custom`` (a client-side
 loss, which needs ``forward_backward_custom``); whether a backend trains it is its own check."""
 
+DEFAULT_LOSS_FN = "importance_sampling"
+"""``Config.loss_fn``'s default: in async mode it never conflicts with ``AsyncConfig.loss_fn``."""
+
 
 def validate_config(config: Config, dataset_batch_size: int | None) -> None:
     """Reject an invalid configuration, naming the field and the fix (the body of ``Config.validate``).
@@ -23,8 +28,7 @@ def validate_config(config: Config, dataset_batch_size: int | None) -> None:
     Raises:
         ConfigError: for the first problem found.
     """
-    if config.loss_fn not in LOSS_FNS:
-        raise ConfigError("loss_fn", f"unknown loss {config.loss_fn!r}; use one of {', '.join(LOSS_FNS)}")
+    _check_losses(config)
     _check_numbers(config)
     _check_kl_penalty(config)
     try:
@@ -40,6 +44,61 @@ def validate_config(config: Config, dataset_batch_size: int | None) -> None:
         raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
     if config.overwrite and config.resume:
         raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
+
+
+def check_loss_on_backend(config: Config, backend: object) -> None:
+    """Ask ``backend`` before any work whether it trains the run's loss (``Config.training_loss_fn()``).
+
+    Raises:
+        ConfigError: naming the field that chose the loss, the losses the backend trains, and the fix.
+    """
+    loss = config.training_loss_fn()
+    try:
+        check_loss_before_work(backend, loss, config.loss_fn_config)
+    except ValueError as error:
+        if config.async_config is None:
+            raise ConfigError("loss_fn", str(error)) from None
+        raise ConfigError(
+            "async_config.loss_fn",
+            f"{error}. Async runs train AsyncConfig.loss_fn (default 'stable_reinforce', as in tinker-cookbook "
+            "0.6.1), not Config.loss_fn; choose one this backend trains, e.g. "
+            "AsyncConfig(..., loss_fn='importance_sampling') (on the examples' command line: --loss-fn)",
+        ) from None
+
+
+def _check_losses(config: Config) -> None:
+    """The cookbook 0.6.1's loss checks: a known loss, no conflict with AsyncConfig's, what stable_reinforce needs."""
+    _check_known_loss("loss_fn", config.loss_fn)
+    if config.async_config is not None:
+        _check_known_loss("async_config.loss_fn", config.async_config.loss_fn)
+        # As in the cookbook: Config.loss_fn's default never conflicts, any other value must agree.
+        if config.loss_fn not in (DEFAULT_LOSS_FN, config.async_config.loss_fn):
+            raise ConfigError(
+                "loss_fn",
+                f"Config.loss_fn={config.loss_fn!r} conflicts with AsyncConfig.loss_fn="
+                f"{config.async_config.loss_fn!r}; async runs train with AsyncConfig.loss_fn, so set the loss there "
+                f"(AsyncConfig(..., loss_fn={config.loss_fn!r}))",
+            )
+    if config.training_loss_fn() == "stable_reinforce" and config.kl_penalty_coef > 0 and config.kl_discount_factor > 0:
+        # Discounting moves the KL penalty onto prompt tokens; stable_reinforce accepts
+        # nonzero advantages only on sampled tokens (tinker-cookbook 0.6.1 refuses it too).
+        raise ConfigError(
+            "kl_discount_factor",
+            "kl_discount_factor > 0 is not supported with loss_fn='stable_reinforce' (the AsyncConfig default); "
+            "set kl_discount_factor=0 or choose another loss",
+        )
+
+
+def _check_known_loss(field: str, loss: str) -> None:
+    if loss in LOSS_FNS:
+        return
+    if loss == "stable_reinforce":
+        raise ConfigError(
+            field,
+            f"'stable_reinforce' needs the tinker SDK 0.38 or later; the installed {compat.SDK_VERSION} lacks it "
+            "(upgrade tinker, or choose another loss)",
+        )
+    raise ConfigError(field, f"unknown loss {loss!r}; use one of {', '.join(LOSS_FNS)}")
 
 
 def _check_numbers(config: Config) -> None:
@@ -74,7 +133,7 @@ def _check_kl_penalty(config: Config) -> None:
             "kl_reference_config",
             "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
         )
-    if config.kl_penalty_coef > 0 and config.loss_fn == "cross_entropy":
+    if config.kl_penalty_coef > 0 and config.training_loss_fn() == "cross_entropy":
         raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
 
 

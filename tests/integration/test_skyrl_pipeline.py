@@ -354,8 +354,12 @@ async def test_async_run_trains_off_policy_within_the_staleness_bound(
     config = make_config(
         skyrl_server,
         tmp_path / "async",
+        # SkyRL trains no stable_reinforce, AsyncConfig's default.
         async_config=trio_rl.AsyncConfig(
-            max_steps_off_policy=1, groups_per_batch=GROUPS_PER_BATCH, staleness=staleness
+            max_steps_off_policy=1,
+            groups_per_batch=GROUPS_PER_BATCH,
+            staleness=staleness,
+            loss_fn="importance_sampling",
         ),
     )
 

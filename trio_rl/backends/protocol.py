@@ -135,8 +135,11 @@ class Backend(Protocol):
         ...
 
     # Optionally, a backend also has ``check_loss_fn(loss_fn, loss_fn_config)``,
-    # raising ValueError for a loss it cannot train; trio_rl.train calls it
-    # before any work (see :func:`check_loss_before_work`).
+    # raising ValueError for a loss it cannot train (naming those it can);
+    # trio_rl.train calls it before any work with the loss the run trains
+    # (``Config.training_loss_fn()``), so a backend may also prepare for that
+    # loss there: TinkerBackend makes its samplers record stability info for
+    # stable_reinforce (see :func:`check_loss_before_work`).
 
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
         """A sampling client for ``base_model``'s own weights, or for the weights saved at ``model_path``.
@@ -158,6 +161,9 @@ def check_loss_before_work(backend: object, loss_fn: str, loss_fn_config: dict[s
     try:
         check(loss_fn, loss_fn_config)
     except ValueError as error:
+        if "TinkerBackend" in str(error):
+            raise
         raise ValueError(
-            f"{error} ({type(backend).__name__}); TinkerBackend passes every loss the tinker SDK admits to the service"
+            f"{error} ({type(backend).__name__}); TinkerBackend passes every loss the tinker SDK admits to the "
+            "service (stable_reinforce from tinker 0.38)"
         ) from None

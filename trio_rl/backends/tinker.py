@@ -41,6 +41,7 @@ import tinker
 import trio
 from tinker import types as tinker_types
 
+from .. import _tinker_compat as compat
 from ._future_bridge import RemoteTimeoutError, SDKFuture, await_future, is_sdk_future, remote_deadline
 from .protocol import Tokenizer
 
@@ -248,17 +249,27 @@ class TinkerSamplingClient:
 class TinkerTrainingClient:
     """Trainable weights and optimizer state on the Tinker service."""
 
-    def __init__(self, sdk_client: Any, *, timeouts: TinkerTimeouts, server: str | None = None) -> None:
+    def __init__(
+        self,
+        sdk_client: Any,
+        *,
+        timeouts: TinkerTimeouts,
+        server: str | None = None,
+        record_stability_info: bool = False,
+    ) -> None:
         """Wrap an SDK training client.
 
         Args:
             sdk_client: A ``tinker.TrainingClient``.
             timeouts: Deadlines for its requests.
             server: The server's URL, named when a deadline is missed.
+            record_stability_info: create every sampler with ``record_stability_info=True``
+                (tinker 0.38), which ``stable_reinforce`` trains on.
         """
         self._client = sdk_client
         self._timeouts = timeouts
         self._server = server
+        self._record_stability_info = record_stability_info
         self._tokenizer: Tokenizer | None = None
 
     @property
@@ -284,8 +295,12 @@ class TinkerTrainingClient:
             ``TinkerTimeouts.forward_backward`` deadline.
 
         Raises:
+            ValueError: for ``stable_reinforce``, a datum without provenance (checked before
+                anything is sent, as tinker-cookbook 0.6.1 does).
             Exception: the SDK's own validation errors (e.g. an empty batch), unchanged.
         """
+        if loss_fn in STABILITY_LOSSES:
+            _check_provenance(data, loss_fn)
         # A caller that is already cancelled submits nothing. Otherwise nothing yields
         # between this call and the submit, so submits keep the callers' order.
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -324,8 +339,10 @@ class TinkerTrainingClient:
         future = self._client.save_weights_for_sampler(name)
         saved = await self._wait(future, "save_weights_for_sampler")
         path: str = saved.path
+        # Only passed when set: tinker 0.24.1's create_sampling_client has no such parameter.
+        record: dict[str, Any] = {"record_stability_info": True} if self._record_stability_info else {}
         sdk_sampler = await _call_blocking(
-            lambda: self._client.create_sampling_client(path),
+            lambda: self._client.create_sampling_client(path, **record),
             what="create_sampling_client",
             timeout=self._timeouts.checkpoint,
             server=self._server,
@@ -425,6 +442,9 @@ class TinkerBackend:
         self._base_url = base_url
         self._api_key = api_key
         self.timeouts = timeouts or TinkerTimeouts()
+        self.record_stability_info = False
+        """Whether the training clients made from now on create samplers that record stability info;
+        :meth:`check_loss_fn` sets it for ``stable_reinforce``."""
         # The server named when a deadline is missed; unknown behind a client we were given.
         self._server = (base_url or os.environ.get("TINKER_BASE_URL")) if service_client is None else None
 
@@ -459,6 +479,28 @@ class TinkerBackend:
         if self._owns_service and self._service is not None:
             service, self._service = self._service, None
             await _close_session(service, exc_type, self.timeouts.close)
+
+    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+        """Refuse, before any work, a loss the installed SDK cannot train, and prepare for the run's loss.
+
+        The service trains every loss the SDK names. ``stable_reinforce`` also needs the
+        tinker SDK 0.38 (samplers created with ``record_stability_info=True``, provenance
+        on every Datum); for it, the training clients created afterwards make samplers
+        that record stability info, as tinker-cookbook 0.6.1 does.
+
+        Raises:
+            ValueError: ``stable_reinforce`` on an SDK without it (0.24.1), naming the fix.
+        """
+        del loss_fn_config
+        if loss_fn not in STABILITY_LOSSES:
+            return
+        if not compat.HAS_STABLE_REINFORCE:
+            raise ValueError(
+                f"TinkerBackend cannot train loss_fn={loss_fn!r} with {compat.SDK_VERSION}: it needs tinker 0.38 or "
+                "later (samplers created with record_stability_info=True, provenance on every Datum); "
+                "upgrade tinker or choose another loss"
+            )
+        self.record_stability_info = True
 
     async def create_training_client(
         self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
@@ -522,7 +564,23 @@ class TinkerBackend:
     async def _training_client(self, create: Callable[[], Any], what: str) -> TinkerTrainingClient:
         timeout = self.timeouts.create_training_client
         sdk_client = await _call_blocking(create, what=what, timeout=timeout, server=self._server)
-        return TinkerTrainingClient(sdk_client, timeouts=self.timeouts, server=self._server)
+        return TinkerTrainingClient(
+            sdk_client, timeouts=self.timeouts, server=self._server, record_stability_info=self.record_stability_info
+        )
+
+
+STABILITY_LOSSES = frozenset({"stable_reinforce"})
+"""Losses that train on what samplers recorded about each sequence, found through the Datum's provenance."""
+
+
+def _check_provenance(data: Sequence[tinker_types.Datum], loss_fn: str) -> None:
+    for index, datum in enumerate(data):
+        if getattr(datum, "loss_fn_input_spans", None) is None:
+            raise ValueError(
+                f"loss_fn={loss_fn!r} needs provenance on every datum, and datum {index} has none: one of its "
+                "actions lacks a sequence_id (TokensWithLogprobs.sequence_id, which a custom sampler must set) "
+                "or none of its targets is a sampled token; fix the data or train with another loss"
+            )
 
 
 async def _close_session(service: SDKServiceClient, exc_type: type[BaseException] | None, timeout: float) -> None:

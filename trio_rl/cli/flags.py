@@ -54,8 +54,10 @@ class CommonArgs:
     """groups (problems) per training step"""
     group_size: int = 8
     """samples per group; rewards are centred within a group"""
-    error_strategy: Literal["fail-fast", "retry", "min-viable"] = "fail-fast"
-    """what a failed rollout does: fail the run, retry it, or keep a group with --min-successful rollouts"""
+    error_strategy: Literal["model-default", "fail-fast", "retry", "min-viable"] = "model-default"
+    """what a failed rollout does: the model's default as in tinker-cookbook 0.6.1 (min-viable for
+    thinkingmachines/Inkling models, else fail-fast), fail the run, retry it, or keep a group with --min-successful
+    rollouts"""
     max_retries: int = 3
     """retry and min-viable: retries for the whole group (one budget, as in tinker-cookbook)"""
     per_rollout_timeout: float | None = None
@@ -151,7 +153,10 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     # The --mode flag picks which of Config's mode sections is set; Config builds the schedule.
     match args.mode:
         case "async":
-            structured["async_config"] = AsyncConfig(args.max_steps_off_policy, args.groups_per_batch, args.staleness)
+            # The loss the example (or --loss-fn) chose, where the cookbook's AsyncConfig would train stable_reinforce.
+            structured["async_config"] = AsyncConfig(
+                args.max_steps_off_policy, args.groups_per_batch, args.staleness, loss_fn=config.loss_fn
+            )
         case "stream":
             structured["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)
         case "sync":
@@ -161,7 +166,9 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     return dataclasses.replace(config, **{**structured, **overrides})
 
 
-def _error_strategy(args: CommonArgs) -> ErrorStrategy:
+def _error_strategy(args: CommonArgs) -> ErrorStrategy | None:
+    if args.error_strategy == "model-default":
+        return None  # Config.rollout_strategy() resolves it per base model
     try:
         if args.error_strategy == "retry":
             return RetryOnFailure(args.max_retries, args.per_rollout_timeout)

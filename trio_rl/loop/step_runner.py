@@ -74,6 +74,7 @@ class StepRunner:
         loss_fn_config: dict[str, float] | None,
         adam_params: tinker_types.AdamParams,
         remove_constant_reward_groups: bool,
+        keep_one_constant_group: bool = False,
         kl_penalty_coef: float = 0.0,
         kl_discount_factor: float = 0.0,
     ) -> None:
@@ -83,6 +84,8 @@ class StepRunner:
         self._loss_fn_config = loss_fn_config
         self._adam_params = adam_params
         self._filter = remove_constant_reward_groups
+        # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
+        self._keep_one = keep_one_constant_group
         self._kl = (kl_penalty_coef, kl_discount_factor)
         self._current: TrainedStep | None = None
 
@@ -101,7 +104,8 @@ class StepRunner:
         """Wait for the step's answers and publish its weights; None if it had no group (the data has ended).
 
         A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
-        sampler: its weights version is published with the unchanged weights.
+        sampler: its weights version is published with the unchanged weights. With
+        ``keep_one_constant_group`` (sync mode), an all-filtered step trains its first group instead.
         """
         current = self._current
         assert current is not None, "finish() after begin()"
@@ -130,10 +134,12 @@ class StepRunner:
         current.summary = summarize(current.taken)
         return await self._complete(current)
 
-    async def _submit(self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool) -> None:
+    async def _submit(
+        self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool, keep: bool = False
+    ) -> None:
         if groups and current.started is None:
             current.started = time.perf_counter()
-        kept = [g for g in groups if not (self._filter and g.summary.constant_reward)]
+        kept = [g for g in groups if keep or not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
             diffs = [diff for group in kept for diff in group.reference_diffs or []]
@@ -160,6 +166,8 @@ class StepRunner:
             current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
+        if self._keep_one and not current.trained and current.taken:
+            await self._submit(current, current.taken[:1], optim=True, keep=True)
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]

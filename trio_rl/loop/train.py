@@ -12,9 +12,10 @@ from typing import Any
 import trio
 
 from ..asyncio_bridge import open_user_code_runner
-from ..backends.protocol import Backend, TrainingClient, check_loss_before_work
+from ..backends.protocol import Backend, TrainingClient
 from ..config import Config
-from ..errors import ConfigError, one_per_fault
+from ..config_checks import check_loss_on_backend
+from ..errors import one_per_fault
 from ..rl.rollouts import ParamsPerCall
 from ..rl.step_metrics import TokenCounts
 from ..types import EnvGroupBuilder, RLDataset
@@ -132,10 +133,7 @@ def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> 
     """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
-    try:
-        check_loss_before_work(backend, config.loss_fn, config.loss_fn_config)
-    except ValueError as error:
-        raise ConfigError("loss_fn", str(error)) from None
+    check_loss_on_backend(config, backend)
     return first_batch
 
 
@@ -237,7 +235,7 @@ async def _rollout_settings(config: Config, backend: Backend) -> RolloutSettings
         # Built once: validating a SamplingParams per rollout showed up in profiles.
         sampling_params=ParamsPerCall(config.sampling_params()),
         error_strategy=config.rollout_strategy(),
-        loss_fn=config.loss_fn,
+        loss_fn=config.training_loss_fn(),
         max_workers=config.num_workers,
         reference=reference,
     )
@@ -266,10 +264,11 @@ def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights)
     return StepRunner(
         client,
         weights,
-        loss_fn=config.loss_fn,
+        loss_fn=config.training_loss_fn(),
         loss_fn_config=config.loss_fn_config,
         adam_params=config.adam_params(),
         remove_constant_reward_groups=config.remove_constant_reward_groups,
+        keep_one_constant_group=config.mode == "sync",
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
     )

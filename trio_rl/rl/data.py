@@ -60,8 +60,12 @@ class _Sequence:
 
     def note_provenance(self, new_ob_tokens: int, action: TokensWithLogprobs) -> None:
         """Record that the new observation tokens end the prompt of ``action``'s request, then its tokens."""
-        if self.spans is None or action.sequence_id is None or not compat.HAS_PROVENANCE:
-            self.spans = None
+        if self.spans is None:
+            return
+        if action.sequence_id is None or not compat.HAS_PROVENANCE:
+            # As in tinker-cookbook 0.6.1: a turn that adds no token needs no provenance.
+            if new_ob_tokens or action.tokens:
+                self.spans = None
             return
         if new_ob_tokens:
             self.spans.append(
@@ -97,7 +101,10 @@ class _Sequence:
         datum = tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
         if loss_fn in PROVENANCE_LOSSES and self.spans:
             # The input drops the sequence's last token, the targets its first.
-            return compat.with_provenance(datum, compat.drop_last(self.spans), compat.drop_first(self.spans))
+            targets = compat.drop_first(self.spans)
+            # A datum none of whose targets was sampled gets none, as in tinker-cookbook 0.6.1.
+            if any(compat.is_sampled_span(span) for span in targets):
+                return compat.with_provenance(datum, compat.drop_last(self.spans), targets)
         return datum
 
 
@@ -114,7 +121,8 @@ def trajectory_to_data(
     Every Datum also carries the action ``mask`` (see :func:`without_mask`).
 
     Raises:
-        ValueError: an action was sampled without logprobs (they are never replaced by zeros).
+        ValueError: an action was sampled without logprobs (they are never replaced by zeros), or an
+            observation holds a chunk other than tokens (an image).
 
     Args:
         trajectory: the episode.
@@ -130,7 +138,7 @@ def trajectory_to_data(
     tracks = loss_fn in PROVENANCE_LOSSES
     current = _Sequence(spans=[] if tracks else None)
     for turn, transition in enumerate(trajectory.transitions):
-        ob_tokens = transition.ob.to_ints()
+        ob_tokens = _observation_tokens(transition.ob, turn)
         if ob_tokens[: len(current.tokens)] == current.tokens:
             new_ob = len(ob_tokens) - len(current.tokens)
             current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
@@ -147,6 +155,20 @@ def trajectory_to_data(
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
+
+
+def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:
+    """The observation's tokens; only token chunks can be trained on here."""
+    for chunk in ob.chunks:
+        if not isinstance(chunk, tinker_types.EncodedTextChunk):
+            # tinker-cookbook 0.6.1 builds a Datum around image chunks; trio_rl's data,
+            # KL penalty and local backends work on token ids only.
+            raise ValueError(
+                f"turn {turn}: the observation holds an unsupported chunk, {type(chunk).__name__} "
+                f"(type {getattr(chunk, 'type', '?')!r}); trio_rl builds training data from token chunks "
+                "(EncodedTextChunk) only, so observations with images cannot be trained on"
+            )
+    return ob.to_ints()
 
 
 def assemble_training_data(

@@ -341,6 +341,18 @@ def rollout_strategy_from_config(tolerance: bool | ErrorStrategy) -> ErrorStrate
     return tolerance
 
 
+def default_rollout_strategy_for_model(base_model: str) -> ErrorStrategy:
+    """The strategy of ``rollout_error_tolerance=None``, as tinker-cookbook 0.6.1 resolves it.
+
+    ``thinkingmachines/Inkling`` models (a ``:suffix`` ignored) get :class:`MinViableGroup`,
+    because their agentic rollouts meet infrastructure failures that should not end the
+    run; every other model gets :class:`FailFast`.
+    """
+    if base_model.split(":", 1)[0].startswith("thinkingmachines/Inkling"):
+        return MinViableGroup()
+    return FailFast()
+
+
 def builds_single_envs(builder: EnvGroupBuilder) -> bool:
     """Whether ``builder`` implements ``make_env(index)`` (cookbook builders do not)."""
     method = getattr(type(builder), "make_env", None)

@@ -14,6 +14,7 @@ from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
 from trio_rl.backends.hf.policy import Policy
 from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, _adam_on
+from trio_rl.backends.local.losses import check_loss_fn
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
 
@@ -89,6 +90,14 @@ class HFBackend(InProcessBackend):
     def dtype(self) -> torch.dtype:
         """The dtype of the loaded weights (LoRA adapters stay float32)."""
         return self._dtype
+
+    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
+        """Reject, before any work, a loss this backend does not implement or a config it does not read.
+
+        Raises:
+            ValueError: naming the loss, the losses it trains and the fix.
+        """
+        check_loss_fn(loss_fn, loss_fn_config, backend="HFBackend")
 
     def _load(self, source: ModelSource) -> _Loaded:
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))

@@ -106,7 +106,7 @@ LOSS_FUNCTIONS: dict[str, Callable[[Tensor, Mapping[str, Tensor], Mapping[str, f
 }
 
 
-def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None) -> None:
+def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None, backend: str = "LocalBackend") -> None:
     """Reject an unsupported loss or a config key the loss does not read.
 
     Raises:
@@ -114,7 +114,9 @@ def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None) -> None:
             ``config`` names a key that ``loss_fn`` does not use.
     """
     if loss_fn not in LOSS_FUNCTIONS:
-        raise ValueError(f"LocalBackend does not implement loss_fn={loss_fn!r}; it has {sorted(LOSS_FUNCTIONS)}")
+        raise ValueError(
+            f"{backend} does not implement loss_fn={loss_fn!r}; it trains {', '.join(sorted(LOSS_FUNCTIONS))}"
+        )
     unknown = set(config or {}) - _CONFIG_KEYS[loss_fn]
     if unknown:
         raise ValueError(f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r}")

@@ -1,0 +1,141 @@
+"""stable_reinforce on TinkerBackend, against the SDK stand-in's model of tinker 0.38's contract.
+
+tinker 0.38: samplers made with ``record_stability_info=True`` record each sampled sequence
+(``SampleRequest.record_stability_info``, ``TrainingClient.create_sampling_client``), and a
+training request names them through each Datum's provenance (``Datum.with_provenance``,
+``types/provenance_spans.py``). Real time with tiny latencies, as in test_tinker_backend.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from tinker import types as tinker_types
+from tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
+
+from tests.pipeline_helpers import make_config
+from trio_rl import ConfigError, TokensWithLogprobs, Trajectory, Transition, train, trajectory_to_data
+from trio_rl.backends.tinker import TinkerBackend, TinkerTrainingClient
+from trio_rl.testing import FakeDataset
+
+BASE_MODEL = "standin/base"
+PARAMS = tinker_types.SamplingParams(max_tokens=3, seed=0)
+PROMPT = [5, 6, 7]
+
+
+@pytest.fixture
+def service() -> Iterator[StandinServiceClient]:
+    with open_standin_service() as service:
+        yield service
+
+
+async def _sampled_datum(client: TinkerTrainingClient, loss_fn: str = "stable_reinforce") -> tinker_types.Datum:
+    """One Datum built as a run builds it, from a sample of ``client``'s current weights."""
+    sampler = await client.save_weights_for_sampler("000000")
+    prompt = tinker_types.ModelInput.from_ints(PROMPT)
+    (sequence,) = (await sampler.sample(prompt, 1, PARAMS)).sequences
+    action = TokensWithLogprobs(sequence.tokens, sequence.logprobs, sequence_id=sequence.sequence_id)
+    trajectory = Trajectory([Transition(prompt, action, 1.0, True)], prompt)
+    (datum,) = trajectory_to_data(trajectory, 1.0, loss_fn=loss_fn)
+    return datum
+
+
+def _without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
+    from trio_rl.rl.data import without_mask
+
+    return without_mask(datum)
+
+
+async def test_stable_reinforce_makes_samplers_record_and_trains_on_their_sequences(
+    service: StandinServiceClient,
+) -> None:
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            backend.check_loss_fn("stable_reinforce", None)
+            client = await backend.create_training_client(base_model=BASE_MODEL)
+            datum = await _sampled_datum(client)
+            pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
+            await pending.result()
+    assert len(service.stability_records) == 1
+    assert service.trained_losses == ["stable_reinforce"]
+
+
+async def test_other_losses_leave_samplers_unrecorded(service: StandinServiceClient) -> None:
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            backend.check_loss_fn("importance_sampling", None)
+            client = await backend.create_training_client(base_model=BASE_MODEL)
+            await _sampled_datum(client, "importance_sampling")
+    assert backend.record_stability_info is False and service.stability_records == {}
+
+
+async def test_the_standin_refuses_stable_reinforce_on_sequences_sampled_without_stability_info(
+    service: StandinServiceClient,
+) -> None:
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await backend.create_training_client(base_model=BASE_MODEL)  # no check_loss_fn: no recording
+            datum = await _sampled_datum(client)
+            assert datum.loss_fn_input_spans is not None
+            pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
+            with pytest.raises(StandinError, match="has no stability info"):
+                await pending.result()
+
+
+async def test_the_standin_refuses_stable_reinforce_without_provenance(service: StandinServiceClient) -> None:
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            backend.check_loss_fn("stable_reinforce", None)
+            client = await backend.create_training_client(base_model=BASE_MODEL)
+            datum = await _sampled_datum(client, "importance_sampling")  # built without provenance
+            future = client.sdk_client.forward_backward([_without_mask(datum)], "stable_reinforce")
+            with pytest.raises(StandinError, match="has no provenance"):
+                future.result(timeout=5)
+
+
+async def test_tinker_backend_refuses_a_datum_without_provenance_before_sending_it(
+    service: StandinServiceClient,
+) -> None:
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await backend.create_training_client(base_model=BASE_MODEL)
+            datum = await _sampled_datum(client, "importance_sampling")
+            with pytest.raises(ValueError, match="needs provenance on every datum, and datum 0 has none"):
+                await client.forward_backward([datum], "stable_reinforce")
+    assert not [event for event in service.events if event[2] == "forward_backward"]
+
+
+def test_the_standin_in_the_0_24_style_has_no_record_stability_info_parameter() -> None:
+    with open_standin_service(sdk_style="0.24") as service, pytest.raises(TypeError, match="record_stability_info"):
+        service.create_sampling_client(base_model=BASE_MODEL, record_stability_info=True)
+
+
+def test_tinker_backend_refuses_stable_reinforce_on_an_sdk_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_rl import _tinker_compat
+
+    monkeypatch.setattr(_tinker_compat, "HAS_STABLE_REINFORCE", False)
+    monkeypatch.setattr(_tinker_compat, "SDK_VERSION", "tinker 0.24.1")
+    backend = TinkerBackend(api_key="tml-unused")
+    with pytest.raises(ValueError, match=re.escape("with tinker 0.24.1: it needs tinker 0.38 or later")):
+        backend.check_loss_fn("stable_reinforce", None)
+    backend.check_loss_fn("importance_sampling", None)
+    assert backend.record_stability_info is False
+
+
+async def test_an_async_run_on_an_sdk_without_stable_reinforce_fails_before_any_work(
+    tmp_path: Path, service: StandinServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_rl import _tinker_compat
+
+    monkeypatch.setattr(_tinker_compat, "HAS_STABLE_REINFORCE", False)
+    config = make_config(tmp_path / "run", "pace")
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            with pytest.raises(ConfigError, match="TinkerBackend cannot train loss_fn='stable_reinforce'") as info:
+                await train(config, dataset=FakeDataset(1, 4), backend=backend)
+    assert info.value.field == "async_config.loss_fn"
+    assert service.training_clients == [] and not (tmp_path / "run").exists()
