@@ -15,7 +15,11 @@ then training tokens/s: ``forward_backward`` + ``optim_step`` (LoRA rank 16) on
 ``TRAIN_BATCH`` sequences of 64 tokens. All on the same model object (the peft
 model) in the backend's dtype and device.
 
-Run: .venv/bin/python bench/hf_sampler.py [--threads N] [--device cpu|cuda] [--only tiny|smollm2]
+``shared``: ``SHARED_REQUESTS`` concurrent one-sample requests whose prompts are
+``SHARED_PROMPTS`` distinct prompts (an RL step: each group's prompt sent once per env),
+batched tokens/s and the prompt tokens the sampler reported as prefix-cache hits.
+
+Run: .venv/bin/python bench/hf_sampler.py [--threads N] [--device cpu|cuda] [--only tiny|smollm2] [--shared-only]
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ SEQUENTIAL_REQUESTS = 4
 TRAIN_BATCH = 32
 TRAIN_LEN = 64
 TRAIN_STEPS = 2
+SHARED_REQUESTS = 64
+SHARED_PROMPTS = 8
 
 
 def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
@@ -51,7 +57,7 @@ def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(rng.randrange(8, 33))] for _ in range(n)]
 
 
-async def _batched(sampler: HFSamplingClient, prompts: list[list[int]]) -> float:
+async def _batched(sampler: HFSamplingClient, prompts: list[list[int]], cached: list[int] | None = None) -> float:
     tokens = 0
 
     async def one(i: int) -> None:
@@ -59,12 +65,25 @@ async def _batched(sampler: HFSamplingClient, prompts: list[list[int]]) -> float
         params = tinker_types.SamplingParams(max_tokens=MAX_TOKENS, stop=[], seed=i)
         resp = await sampler.sample(tinker_types.ModelInput.from_ints(prompts[i]), 1, params)
         tokens += len(resp.sequences[0].tokens)
+        if cached is not None:
+            cached.append(getattr(resp, "prompt_cache_hit_tokens", 0))
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for i in range(len(prompts)):
             nursery.start_soon(one, i)
     return tokens / (time.perf_counter() - start)
+
+
+async def _shared(sampler: HFSamplingClient, vocab: int) -> None:
+    distinct = _prompts(SHARED_PROMPTS, 7, vocab)
+    prompts = [distinct[i % SHARED_PROMPTS] for i in range(SHARED_REQUESTS)]
+    cached: list[int] = []
+    rate = await _batched(sampler, prompts, cached)
+    total = sum(len(p) for p in prompts)
+    print(f"shared: {SHARED_REQUESTS} requests over {SHARED_PROMPTS} prompts: {rate:.0f} batched tok/s, "
+          f"prefill {sum(cached)} cached / {total - sum(cached)} uncached tokens "
+          f"(load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 def _generate(model: Any, prompts: list[list[int]], pad_id: int, device: torch.device) -> int:
@@ -128,6 +147,10 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
               f"{backend.dtype}, {device}, loaded in {load_s:.1f} s; {MAX_TOKENS} tokens per request")
         await _batched(sampler, _prompts(4, 99, vocab))  # warm-up
         _padded(model, _prompts(2, 98, vocab), pad_id, device)
+        if args.shared_only:
+            for _ in range(args.repeat):
+                await _shared(sampler, vocab)
+            return
         print(f"{'requests':>9} {'batched tok/s':>14} {'one-at-a-time':>14} {'padded generate':>16} {'batched / one':>14}")
         for n in CONCURRENCY:
             prompts = _prompts(n, n, vocab)
@@ -135,6 +158,7 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
             single = await trio.to_thread.run_sync(_one_at_a_time, model, prompts, pad_id, device)
             padded = await trio.to_thread.run_sync(_padded, model, prompts, pad_id, device)
             print(f"{n:>9} {batched:>14.0f} {single:>14.0f} {padded:>16.0f} {batched / single:>13.1f}x", flush=True)
+        await _shared(sampler, vocab)
         train = await _train_tokens_per_s(trainer, vocab)
         print(f"training: {train:.0f} tokens/s (forward_backward + optim_step, {TRAIN_BATCH} x {TRAIN_LEN} tokens, LoRA 16)")
 
@@ -158,4 +182,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--only", choices=["tiny", "smollm2"])
+    parser.add_argument("--shared-only", action="store_true", help="only the shared-prompts row")
+    parser.add_argument("--repeat", type=int, default=1, help="times to run the shared-prompts row")
     trio.run(main, parser.parse_args())

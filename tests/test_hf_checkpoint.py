@@ -63,7 +63,9 @@ async def test_save_and_resume_round_trip_with_optimizer(tmp_path: Path, tiny_mo
             for n, p in trainer.model.named_parameters():
                 if n in weights:
                     assert torch.equal(p.detach(), weights[n]), n
-            sampler_path = (await trainer.save_weights_for_sampler("w")).model_path
+            # The folder lives while its client does: hold the client.
+            sampler = await trainer.save_weights_for_sampler("w")
+            sampler_path = sampler.model_path
             assert sampler_path is not None
             _only_safetensors_and_json(Path(sampler_path))
             with pytest.raises(ValueError, match="no optimizer state"):

@@ -13,7 +13,7 @@ from trio_rl.backends.hf._extra import require_hf_extra
 from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
 from trio_rl.backends.hf.policy import Policy
-from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, _adam_on
+from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, adam_on
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
 
@@ -147,7 +147,7 @@ class HFBackend(InProcessBackend):
             loaded = self._load(source)
             policy = Policy(loaded.model, lora_rank=ckpt.lora_rank, lora_alpha=ckpt.lora_alpha, seed=0)
             policy.load_trained_state(ckpt.weights)
-            adam = _adam_on(ckpt.adam, policy.device) if ckpt.adam is not None else None
+            adam = adam_on(ckpt.adam, policy.device) if ckpt.adam is not None else None
             return self._client(source, loaded, policy, adam)
 
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)

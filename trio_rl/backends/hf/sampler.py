@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
-from trio_rl.backends.local.batching import BatchingEngine, Request, Row, pick_tokens
+from trio_rl.backends.local.batching import BatchingEngine, pick_tokens
+from trio_rl.backends.local.requests import Request, Row
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
 
@@ -232,10 +233,7 @@ class HFSamplingEngine(BatchingEngine):
         self._lengths = self._lengths.index_select(0, keep)
         self._last = self._last.index_select(0, keep)
 
-    def _pick(
-        self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return pick_tokens_unsorted(logits, temperature, top_k, top_p, uniform)
+    _pick = staticmethod(pick_tokens_unsorted)
 
     def _score(self, tokens: list[int]) -> list[float]:
         self._snapshot.activate()

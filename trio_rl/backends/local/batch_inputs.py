@@ -9,7 +9,7 @@ how they compute those logprobs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,3 +102,67 @@ def datum_outputs(logprobs: Sequence[Tensor], losses: Sequence[Tensor]) -> list[
         }
         for lp, loss in zip(logprobs, losses, strict=True)
     ]
+
+
+def micro_batches(inputs: Sequence[DatumInputs], token_budget: int) -> list[list[int]]:
+    """Split data (in order) into runs whose padded size ``rows * longest`` fits ``token_budget``.
+
+    A datum longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, datum in enumerate(inputs):
+        width = max(longest, len(datum.tokens))
+        if current and width * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current, width = [], len(datum.tokens)
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def right_padded(inputs: Sequence[DatumInputs]) -> tuple[Tensor, Tensor]:
+    """The input tokens as one right-padded ``[rows, width]`` batch, and each row's length."""
+    lengths = torch.tensor([len(d.tokens) for d in inputs])
+    tokens = torch.zeros(len(inputs), int(lengths.max()), dtype=torch.long)
+    for i, datum in enumerate(inputs):
+        tokens[i, : len(datum.tokens)] = torch.tensor(datum.tokens)
+    return tokens, lengths
+
+
+def forward_backward_parts(
+    inputs: Sequence[DatumInputs],
+    parts: Sequence[Sequence[int]],
+    target_logprobs: Callable[[list[DatumInputs]], list[Tensor]],
+    loss_fn: str,
+    config: Mapping[str, float],
+) -> tinker_types.ForwardBackwardOutput:
+    """Accumulate the gradients of ``loss_fn`` over ``inputs``, one forward/backward pass per part.
+
+    Args:
+        inputs: the checked batch.
+        parts: indices into ``inputs``, each run as one pass (see :func:`micro_batches`).
+        target_logprobs: the learner's ``[len]`` target logprobs of each datum of a part, with grad.
+        loss_fn: a key of :data:`.losses.LOSS_FUNCTIONS`.
+        config: the loss's clip thresholds.
+
+    Returns:
+        Per datum ``logprobs`` and ``elementwise_loss``, and the metric ``loss:sum``.
+    """
+    logprobs: list[Tensor] = [torch.empty(0)] * len(inputs)
+    losses: list[Tensor] = [torch.empty(0)] * len(inputs)
+    total = 0.0
+    for part in parts:
+        data = [inputs[i] for i in part]
+        with torch.enable_grad():
+            rows = target_logprobs(data)
+            per_datum = datum_losses(rows, data, loss_fn, config)
+            loss = torch.stack([x.sum() for x in per_datum]).sum()
+            loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
+        for i, lp, x in zip(part, rows, per_datum, strict=True):
+            logprobs[i], losses[i] = lp.detach(), x.detach()
+    return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total})
