@@ -133,6 +133,20 @@ async def _train_tokens_per_s(trainer: HFTrainingClient, vocab: int) -> float:
     return TRAIN_STEPS * TRAIN_BATCH * TRAIN_LEN / (time.perf_counter() - start)
 
 
+async def _snapshots(trainer: HFTrainingClient, log_dir: Path, steps: int = 12) -> None:
+    """Seconds per ``save_weights_for_sampler`` (the previous client dropped, as the loop does) and the disk after."""
+    kept: Any = None
+    start = time.perf_counter()
+    for step in range(steps):
+        kept = await trainer.save_weights_for_sampler(f"snap-{step:03d}")
+    per = (time.perf_counter() - start) / steps
+    folder = log_dir / "sampler_weights"
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
+    print(f"snapshots: {per:.3f} s per save_weights_for_sampler, sampler_weights/ {size / 1e6:.1f} MB "
+          f"after {steps} (load {os.getloadavg()[0]:.2f})", flush=True)
+    del kept
+
+
 async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_dir: Path) -> None:
     async with HFBackend(log_dir=log_dir, device=args.device, num_threads=args.threads) as backend:
         start = time.perf_counter()
@@ -150,6 +164,7 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
         if args.shared_only:
             for _ in range(args.repeat):
                 await _shared(sampler, vocab)
+            await _snapshots(trainer, log_dir)
             return
         print(f"{'requests':>9} {'batched tok/s':>14} {'one-at-a-time':>14} {'padded generate':>16} {'batched / one':>14}")
         for n in CONCURRENCY:
@@ -159,6 +174,7 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
             padded = await trio.to_thread.run_sync(_padded, model, prompts, pad_id, device)
             print(f"{n:>9} {batched:>14.0f} {single:>14.0f} {padded:>16.0f} {batched / single:>13.1f}x", flush=True)
         await _shared(sampler, vocab)
+        await _snapshots(trainer, log_dir)
         train = await _train_tokens_per_s(trainer, vocab)
         print(f"training: {train:.0f} tokens/s (forward_backward + optim_step, {TRAIN_BATCH} x {TRAIN_LEN} tokens, LoRA 16)")
 

@@ -113,7 +113,7 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
             assert [s.logprobs for s in again.sequences] == [s.logprobs for s in first.sequences]
             assert await before.compute_logprobs(PROMPT) == scored
             assert await after.compute_logprobs(PROMPT) != scored
-            # Snapshots are adapters, not trained parameters, and a dropped one is deleted.
+            # Snapshots are adapters, not trained parameters, and a dropped one's adapter is reused.
             trained = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
             assert trained and all(".default." in n for n in trained)
             assert set(trainer.adam_state.exp_avg) == set(trained)
@@ -123,8 +123,13 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
             import gc
 
             gc.collect()
-            await _train(trainer, 1)  # the next job deletes the retired adapters
-            assert set(trainer.model.peft_config) == {"default"}
+            await _train(trainer, 1)  # the next job takes the retired adapters back
+            for step in range(5):
+                newest = await trainer.save_weights_for_sampler(f"again-{step}")
+                assert await newest.compute_logprobs(PROMPT) != scored
+            assert set(trainer.model.peft_config) == adapters
+            trained_now = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+            assert trained_now == trained
 
 
 async def test_missing_model_names_the_path(tmp_path: Path) -> None:

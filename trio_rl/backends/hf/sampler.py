@@ -97,6 +97,12 @@ def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def keeps_last_logits(model: Any) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (the output head on the last positions only)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def cache_keyword(model: Any) -> str:
     """The forward argument (and output field) of the KV cache: ``cache`` since
     transformers 5.2x renamed it, ``past_key_values`` before."""
@@ -131,6 +137,8 @@ class HFSamplingEngine(BatchingEngine):
         self._tokenizer = tokenizer
         self._device = next(snapshot.model.parameters()).device
         self._cache_kw = cache_keyword(snapshot.model)
+        # Only the last position's logits are read: a prefill never computes the head elsewhere.
+        self._last_only: dict[str, int] = {"logits_to_keep": 1} if keeps_last_logits(snapshot.model) else {}
         self._past: Any = None  # a transformers DynamicCache: [rows, kv_heads, width, head_dim] per layer
         self._mask = torch.zeros(0, 0, dtype=torch.long)
         self._lengths = torch.zeros(0, dtype=torch.long)
@@ -158,6 +166,7 @@ class HFSamplingEngine(BatchingEngine):
             position_ids=position_ids.to(dev),
             use_cache=True,
             **{self._cache_kw: past},
+            **self._last_only,
         )
         logits: Tensor = out.logits[:, -1].to("cpu", torch.float64)
         return logits

@@ -26,9 +26,11 @@ from trio_rl.backends.hf.sampler import HFSamplingClient, HFSamplingEngine, eos_
 from trio_rl.backends.local.batch_inputs import (
     DatumInputs,
     forward_backward_parts,
+    logprobs_at,
     micro_batches,
     parse_batch,
     right_padded,
+    scored_positions,
 )
 from trio_rl.backends.local.client_base import QueuedTrainingClient
 from trio_rl.backends.local.optimizer import AdamState, adam_step
@@ -37,19 +39,28 @@ from trio_rl.backends.local.runtime import BackendRuntime
 __all__ = ["HFTrainingClient", "TrainingSettings", "adam_on", "micro_batches", "target_logprobs"]
 
 
-def target_logprobs(model: Any, inputs: Sequence[DatumInputs], device: torch.device) -> list[Tensor]:
-    """Each datum's float32 logprobs of its target tokens, one right-padded forward pass."""
+_SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose forward changes the head's logits: these take the full forward."""
+
+
+def target_logprobs(model: Any, inputs: Sequence[DatumInputs], device: torch.device, loss_fn: str) -> list[Tensor]:
+    """Each datum's float32 target logprobs, one right-padded forward pass, the head only where scored.
+
+    The output head (a vocabulary-sized matmul per position) runs only at the
+    positions :func:`~trio_rl.backends.local.batch_inputs.scored_positions`
+    keeps; a model that rescales its logits runs in full, and is then scored there.
+    """
     tokens, lengths = right_padded(inputs)
-    width = tokens.shape[1]
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    targets = torch.zeros_like(tokens)
-    for i, datum in enumerate(inputs):
-        targets[i, : len(datum.tokens)] = datum.targets
-    logits = model(input_ids=tokens.to(device), attention_mask=mask.to(device), use_cache=False).logits.float()
-    # logsumexp then gather: no [rows, width, vocab] log_softmax tensor kept for backward.
-    picked = logits.gather(2, targets.to(device)[:, :, None])[:, :, 0]
-    logprobs = picked - torch.logsumexp(logits, dim=-1)
-    return [logprobs[i, : len(d.tokens)] for i, d in enumerate(inputs)]
+    mask = (torch.arange(tokens.shape[1])[None, :] < lengths[:, None]).long()
+    keep = [scored_positions(d, loss_fn) for d in inputs]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    args = {"input_ids": tokens.to(device), "attention_mask": mask.to(device), "use_cache": False}
+    if head is None or any(getattr(base.config, k, None) for k in _SCALED_LOGITS):
+        logits = model(**args).logits
+        return logprobs_at(logits, lambda x: x, inputs, keep)
+    hidden = getattr(base, base.base_model_prefix)(**args).last_hidden_state
+    return logprobs_at(hidden, head, inputs, keep)
 
 
 def adam_on(adam: AdamState, device: torch.device) -> AdamState:
@@ -112,7 +123,7 @@ class HFTrainingClient(QueuedTrainingClient[HFSamplingClient]):
         policy.activate()
         parts = micro_batches(inputs, settings.token_budget)
         return forward_backward_parts(
-            inputs, parts, lambda part: target_logprobs(policy.model, part, policy.device), loss_fn, config
+            inputs, parts, lambda part: target_logprobs(policy.model, part, policy.device, loss_fn), loss_fn, config
         )
 
     def _optim_step(self, adam_params: tinker_types.AdamParams) -> dict[str, float]:

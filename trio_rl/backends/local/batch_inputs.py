@@ -104,6 +104,59 @@ def datum_outputs(logprobs: Sequence[Tensor], losses: Sequence[Tensor]) -> list[
     ]
 
 
+ADVANTAGE_WEIGHTED = frozenset({"importance_sampling", "ppo", "cispo"})
+"""Losses whose per-token value is zero where the advantage is zero."""
+
+
+def scored_positions(datum: DatumInputs, loss_fn: str) -> Tensor:
+    """Where the learner's logprob is needed: positions whose loss can be nonzero, and ``mask`` positions.
+
+    The others (prompt tokens, zero advantages, zero weights) add nothing to
+    the loss or its gradient, so their logits are never computed; ``mask``
+    positions are kept so that the returned logprobs of every sampled token
+    can be compared with the sampler's.
+    """
+    tensors = datum.tensors
+    keep = torch.ones(len(datum.tokens), dtype=torch.bool)
+    if "weights" in tensors:
+        keep &= tensors["weights"] != 0
+    if loss_fn in ADVANTAGE_WEIGHTED:
+        keep &= tensors["advantages"] != 0
+    if "mask" in tensors:
+        keep |= tensors["mask"] > 0
+    return keep
+
+
+def logprobs_at(
+    hidden: Tensor, head: Callable[[Tensor], Tensor], inputs: Sequence[DatumInputs], keep: Sequence[Tensor]
+) -> list[Tensor]:
+    """Each datum's ``[len]`` target logprobs, the output head applied only where ``keep`` says.
+
+    Args:
+        hidden: ``[rows, width, d]`` final hidden states of the right-padded batch.
+        head: hidden states to logits.
+        inputs: the batch's data.
+        keep: per datum, a ``[len]`` bool of the positions to score (:func:`scored_positions`).
+
+    Returns:
+        Logprobs with grad at the kept positions; elsewhere the datum's own
+        sampling ``logprobs`` (0 where it has none), which make the loss there
+        exactly zero whatever the loss function.
+    """
+    device = hidden.device
+    rows = torch.cat([torch.full((int(k.sum()),), i) for i, k in enumerate(keep)]).to(device)
+    cols = torch.cat([k.nonzero()[:, 0] for k in keep]).to(device)
+    targets = torch.cat([d.targets[k] for d, k in zip(inputs, keep, strict=True)]).to(device)
+    logits = head(hidden[rows, cols]).float()
+    # logsumexp then gather: no [tokens, vocab] log_softmax tensor kept for backward.
+    picked = logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    out: list[Tensor] = []
+    for datum, k, part in zip(inputs, keep, torch.split(picked, [int(k.sum()) for k in keep]), strict=True):
+        base = datum.tensors.get("logprobs", torch.zeros(len(datum.tokens)))
+        out.append(base.to(device=device, dtype=part.dtype).masked_scatter(k.to(device), part))
+    return out
+
+
 def micro_batches(inputs: Sequence[DatumInputs], token_budget: int) -> list[list[int]]:
     """Split data (in order) into runs whose padded size ``rows * longest`` fits ``token_budget``.
 

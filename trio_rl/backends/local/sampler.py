@@ -120,11 +120,10 @@ class SamplingEngine(BatchingEngine):
         for i, request in enumerate(admit):
             tokens[i, : len(request.prompt)] = torch.tensor(request.prompt)
         positions = torch.arange(width).expand(len(admit), width)
-        logits: Tensor
-        logits, kv = self._model(tokens, positions, causal_mask(lengths, width))
+        hidden, kv = self._model.hidden(tokens, positions, causal_mask(lengths, width))
         # Every sample of a request starts from the same prompt: prefill once, copy rows.
         repeats = torch.tensor([r.num_samples for r in admit])
-        last = logits[torch.arange(len(admit)), lengths - 1].repeat_interleave(repeats, dim=0)
+        last: Tensor = self._model.head(hidden[torch.arange(len(admit)), lengths - 1]).repeat_interleave(repeats, 0)
         new_cache = [(k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0)) for k, v in kv]
         new_lengths = lengths.repeat_interleave(repeats)
         for request in admit:

@@ -14,7 +14,14 @@ from tinker import types as tinker_types
 from torch import Tensor
 
 from trio_rl import _tinker_compat
-from trio_rl.backends.local.batch_inputs import DatumInputs, forward_backward_parts, parse_batch, right_padded
+from trio_rl.backends.local.batch_inputs import (
+    DatumInputs,
+    forward_backward_parts,
+    logprobs_at,
+    parse_batch,
+    right_padded,
+    scored_positions,
+)
 from trio_rl.backends.local.checkpoint import load_checkpoint, save_checkpoint
 from trio_rl.backends.local.client_base import QueuedTrainingClient
 from trio_rl.backends.local.jobs import LocalPendingResult
@@ -27,15 +34,11 @@ from trio_rl.backends.local.tokenizer import CharTokenizer
 __all__ = ["LocalPendingResult", "LocalTrainingClient", "forward_backward_batch"]
 
 
-def _target_logprobs(model: TransformerLM, inputs: list[DatumInputs]) -> list[Tensor]:
+def _target_logprobs(model: TransformerLM, inputs: list[DatumInputs], loss_fn: str) -> list[Tensor]:
     tokens, lengths = right_padded(inputs)
     width = tokens.shape[1]
-    logits, _ = model(tokens, torch.arange(width).expand(len(inputs), width), causal_mask(lengths, width))
-    targets = torch.zeros_like(tokens)
-    for i, datum in enumerate(inputs):
-        targets[i, : len(datum.tokens)] = datum.targets
-    logprobs = torch.log_softmax(logits, dim=-1).gather(2, targets[:, :, None])[:, :, 0]
-    return [logprobs[i, : len(d.tokens)] for i, d in enumerate(inputs)]
+    hidden, _ = model.hidden(tokens, torch.arange(width).expand(len(inputs), width), causal_mask(lengths, width))
+    return logprobs_at(hidden, model.head, inputs, [scored_positions(d, loss_fn) for d in inputs])
 
 
 def forward_backward_batch(
@@ -56,7 +59,8 @@ def forward_backward_batch(
         loss_fn_config: clip thresholds for ``ppo``/``cispo``.
 
     Returns:
-        Per datum ``logprobs`` and ``elementwise_loss`` (float32, one per position)
+        Per datum ``logprobs`` and ``elementwise_loss`` (float32, one per position;
+        logprobs computed only where :func:`.batch_inputs.scored_positions` says)
         and the metric ``loss:sum``.
 
     Raises:
@@ -66,7 +70,7 @@ def forward_backward_batch(
         return _tinker_compat.forward_backward_output([], {"loss:sum": 0.0})
     inputs = parse_batch(data, loss_fn, vocab_size=model.vocab_size, max_seq_len=model.config.max_seq_len)
     return forward_backward_parts(
-        inputs, [range(len(inputs))], lambda part: _target_logprobs(model, part), loss_fn, loss_fn_config
+        inputs, [range(len(inputs))], lambda part: _target_logprobs(model, part, loss_fn), loss_fn, loss_fn_config
     )
 
 
