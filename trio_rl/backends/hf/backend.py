@@ -44,6 +44,8 @@ class HFBackend(InProcessBackend):
         lora_alpha: LoRA scale numerator; the update is scaled by ``lora_alpha / lora_rank``.
         seed: seeds unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes together.
+        prefix_cache_bytes: bound of each sampling client's cache of prefilled
+            prompts (a prompt sent again is not prefilled again); ``0`` keeps none.
         max_seq_len: longest prompt plus sample, and longest training datum;
             default: the model's ``max_position_embeddings``.
         token_budget: most padded tokens per training micro-batch.
@@ -63,6 +65,7 @@ class HFBackend(InProcessBackend):
         lora_alpha: float = 32.0,
         seed: int = 0,
         max_batch_rows: int = 256,
+        prefix_cache_bytes: int = 64 << 20,
         max_seq_len: int | None = None,
         token_budget: int = 4096,
         num_threads: int | None = None,
@@ -78,7 +81,7 @@ class HFBackend(InProcessBackend):
         self._max_seq_len = max_seq_len
         self._token_budget = token_budget
         self._num_threads = num_threads
-        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows, prefix_cache_bytes)
 
     @property
     def device(self) -> torch.device:

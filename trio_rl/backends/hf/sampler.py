@@ -39,7 +39,8 @@ from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
 from trio_rl.backends.local.batching import BatchingEngine, pick_tokens
-from trio_rl.backends.local.requests import Request, Row
+from trio_rl.backends.local.prefix_cache import Prefill
+from trio_rl.backends.local.requests import Row
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
 
@@ -132,7 +133,12 @@ class HFSamplingEngine(BatchingEngine):
         max_seq_len: int,
         default_stop_ids: frozenset[int],
     ) -> None:
-        super().__init__(runtime, vocab_size=vocab_size, max_seq_len=max_seq_len, default_stop_ids=default_stop_ids)
+        super().__init__(
+            runtime,
+            vocab_size=vocab_size,
+            max_seq_len=max_seq_len,
+            default_stop_ids=default_stop_ids,
+        )
         self._snapshot = snapshot
         self._tokenizer = tokenizer
         self._device = next(snapshot.model.parameters()).device
@@ -182,44 +188,55 @@ class HFSamplingEngine(BatchingEngine):
         self._lengths = self._lengths + 1
         return logits
 
-    def _prefill(self, admit: list[Request]) -> Tensor:
+    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
         from transformers import DynamicCache
 
-        lengths = torch.tensor([len(r.prompt) for r in admit])
-        width = int(lengths.max())
-        tokens = torch.zeros(len(admit), width, dtype=torch.long)
-        mask = torch.zeros(len(admit), width, dtype=torch.long)
-        for i, request in enumerate(admit):
-            tokens[i, width - len(request.prompt) :] = torch.tensor(request.prompt)
-            mask[i, width - len(request.prompt) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        width = max(len(p) for p in prompts)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         fresh = DynamicCache()
-        last = self._run_model(tokens, mask, positions, fresh)
-        # Every sample of a request starts from the same prompt: prefill once, copy rows.
-        repeats = torch.tensor([r.num_samples for r in admit])
-        index = torch.arange(len(admit)).repeat_interleave(repeats)
-        mask, lengths = mask[index], lengths[index]
-        for request in admit:
-            self._new_rows(request)
+        last = self._run_model(tokens, mask, (mask.cumsum(1) - 1).clamp(min=0), fresh)
         layers: list[Any] = list(fresh.layers)  # full-attention layers: keys and values are tensors
+        return [
+            Prefill(
+                [
+                    (x.keys[i : i + 1, :, width - len(p) :].clone(), x.values[i : i + 1, :, width - len(p) :].clone())
+                    for x in layers
+                ],
+                last[i],
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
+        from transformers import DynamicCache
+
+        width = max(p.length for p in prefills)
+        index = torch.arange(len(prefills)).repeat_interleave(torch.tensor(repeats))
+        mask = torch.zeros(len(prefills), width, dtype=torch.long)
+        for i, p in enumerate(prefills):
+            mask[i, width - p.length :] = 1
+        sel = index.to(self._device)
+        new = [
+            tuple(torch.cat([_left_pad(p.kv[layer][j], width, 2) for p in prefills])[sel] for j in (0, 1))
+            for layer in range(len(prefills[0].kv))
+        ]
         if self._past is None:
-            for layer in layers:
-                layer.keys, layer.values = (
-                    layer.keys[index.to(layer.keys.device)],
-                    layer.values[index.to(layer.values.device)],
-                )
-            self._past, self._mask = fresh, mask
+            self._past = DynamicCache()
+            for layer, (keys, values) in enumerate(new):
+                self._past.update(keys, values, layer)
+            self._mask = mask[index]
         else:
             slots = max(self._mask.shape[1], width)
-            past_layers: list[Any] = list(self._past.layers)
-            for old, new in zip(past_layers, layers, strict=True):
-                sel = index.to(new.keys.device)
-                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(new.keys[sel], slots, 2)])
-                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(new.values[sel], slots, 2)])
-            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask, slots, 1)])
-        self._lengths = torch.cat([self._lengths, lengths])
-        self._last = torch.cat([self._last, torch.zeros(len(lengths), dtype=torch.long)])
-        return last[index]
+            for old, (keys, values) in zip(list(self._past.layers), new, strict=True):
+                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(keys, slots, 2)])
+                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(values, slots, 2)])
+            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask[index], slots, 1)])
+        self._lengths = torch.cat([self._lengths, torch.tensor([p.length for p in prefills])[index]])
+        self._last = torch.cat([self._last, torch.zeros(len(index), dtype=torch.long)])
 
     def _feed_tokens(self, tokens: Tensor) -> None:
         self._last = tokens

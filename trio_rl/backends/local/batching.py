@@ -29,70 +29,22 @@ report temperature-1 logprobs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
 
-import numpy as np
 import torch
 import trio
 import trio.lowlevel
 from tinker import types as tinker_types
-from torch import Tensor
 
 from trio_rl import _tinker_compat
+from trio_rl.backends.local.decode_batch import DecodeBatch, _deliver, _to_f32, pick_tokens
 from trio_rl.backends.local.requests import Limits, Request, Row, build_request, row_seed
 from trio_rl.backends.local.runtime import BackendRuntime
 
 __all__ = ["BatchingEngine", "Request", "Row", "pick_tokens", "row_seed"]
 
-
-def pick_tokens(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Choose one token per row; every operation is row-wise, so rows never interact.
-
-    Args:
-        logits: ``[rows, vocab]`` float64 logits.
-        temperature: ``[rows]``; ``<= 0`` means greedy.
-        top_k: ``[rows]``; ``<= 0`` means no limit, ``1`` means greedy.
-        top_p: ``[rows]`` nucleus mass in ``(0, 1]``.
-        uniform: ``[rows]`` draws in ``[0, 1)`` from each row's own generator.
-
-    Returns:
-        The chosen tokens ``[rows]`` and their logprobs ``[rows]`` under the
-        temperature-scaled distribution ``log_softmax(logits / temperature)``
-        (before top-k/top-p truncation; at temperature 1 the model's own
-        logprobs; for greedy rows, at temperature 1).
-    """
-    vocab = logits.shape[-1]
-    greedy = (temperature <= 0) | (top_k == 1)
-    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-    probs = logp.exp()
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab)
-    keep = (top_k[:, None] <= 0) | (rank[None, :] < top_k[:, None])
-    # Nucleus: keep a token while the mass ranked above it is still below top_p.
-    keep &= (torch.cumsum(sorted_p, dim=-1) - sorted_p) < top_p[:, None]
-    keep[:, 0] = True
-    cdf = torch.cumsum(sorted_p * keep, dim=-1)
-    target = (uniform * cdf[:, -1])[:, None]
-    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
-    tokens = torch.where(greedy, order[:, 0], order.gather(1, idx)[:, 0])
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
-
-
-def _to_f32(x: float) -> float:
-    return float(np.float32(x))
-
-
-def _deliver(row: Row, reason: tinker_types.StopReason) -> None:
-    request = row.request
-    if request.cancelled or request.done.is_set():
-        return
-    request.results[row.index] = _tinker_compat.sampled_sequence(row.tokens, row.logprobs, reason)
-    request.remaining -= 1
-    if request.remaining == 0:
-        request.done.set()
+_REPORTS_CACHE_HITS = "prompt_cache_hit_tokens" in inspect.signature(tinker_types.SampleResponse).parameters
+"""Whether this tinker SDK's ``SampleResponse`` has the field the cookbook reads as ``prefill_cached``."""
 
 
 def _fail(requests: set[Request], error: BaseException) -> None:
@@ -102,17 +54,7 @@ def _fail(requests: set[Request], error: BaseException) -> None:
             request.done.set()
 
 
-def _row_params(rows: Sequence[Row]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each row's temperature, top-k, top-p, and its next uniform draw."""
-    return (
-        torch.tensor([r.request.temperature for r in rows], dtype=torch.float64),
-        torch.tensor([r.request.top_k for r in rows]),
-        torch.tensor([r.request.top_p for r in rows], dtype=torch.float64),
-        torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in rows]),
-    )
-
-
-class BatchingEngine:
+class BatchingEngine(DecodeBatch):
     """Serves ``sample`` and ``compute_logprobs`` for one frozen set of weights.
 
     Args:
@@ -124,52 +66,18 @@ class BatchingEngine:
     """
 
     def __init__(
-        self, runtime: BackendRuntime, *, vocab_size: int, max_seq_len: int, default_stop_ids: frozenset[int]
+        self,
+        runtime: BackendRuntime,
+        *,
+        vocab_size: int,
+        max_seq_len: int,
+        default_stop_ids: frozenset[int],
     ) -> None:
+        super().__init__(runtime.prefix_cache_bytes)
         self._runtime = runtime
         self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
         self._pending: list[Request] = []
         self._running = False
-        self._rows: list[Row] = []  # touched only by the engine task and its worker thread
-
-    # ------------------------------------------------ model side (worker thread)
-
-    def _select_weights(self) -> None:
-        """Make this engine's weights the ones the next forward pass uses (if shared)."""
-
-    def _decode(self) -> Tensor:
-        """One forward pass of every running row's last token; their next-token logits."""
-        raise NotImplementedError
-
-    def _prefill(self, admit: list[Request]) -> Tensor:
-        """Prefill the admitted prompts, append their rows (:meth:`_new_rows`) and cache; their first logits."""
-        raise NotImplementedError
-
-    def _feed_tokens(self, tokens: Tensor) -> None:
-        """Remember each row's chosen token: the next decode pass's input."""
-        raise NotImplementedError
-
-    def _keep_rows(self, keep: Tensor) -> None:
-        """Keep only the cache rows at indices ``keep`` (in order); :meth:`_clear_rows` drops all."""
-        raise NotImplementedError
-
-    def _clear_rows(self) -> None:
-        raise NotImplementedError
-
-    def _score(self, tokens: list[int]) -> list[float]:
-        """Logprob of each token after the first, given those before it."""
-        raise NotImplementedError
-
-    def _stop_string_hit(self, row: Row) -> bool:
-        """Whether the row's text now contains one of its request's stop strings."""
-        return False
-
-    def _encode_stop_string(self, text: str) -> list[tuple[int, ...]] | None:
-        """Token sequences to stop at for ``text``, or ``None`` to match it as text."""
-        raise NotImplementedError
-
-    _pick = staticmethod(pick_tokens)
-    """Chooses each row's token; a subclass may put a faster equivalent here."""
 
     # ------------------------------------------------------------------ requests
 
@@ -204,7 +112,10 @@ class BatchingEngine:
             raise
         if request.error is not None:
             raise request.error
-        return _tinker_compat.sample_response([s for s in request.results if s is not None])
+        sequences = [s for s in request.results if s is not None]
+        if _REPORTS_CACHE_HITS:
+            return tinker_types.SampleResponse(sequences=sequences, prompt_cache_hit_tokens=request.cached_tokens)
+        return _tinker_compat.sample_response(sequences)
 
     async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
         """Score ``prompt``: ``[None, logprob(t1 | t0), logprob(t2 | t0 t1), ...]``.
@@ -263,52 +174,3 @@ class BatchingEngine:
             admit.append(self._pending.pop(0))
             rows += admit[-1].num_samples
         return admit
-
-    def _reset(self) -> None:
-        self._rows = []
-        self._clear_rows()
-
-    def _new_rows(self, request: Request) -> None:
-        """Append the rows of a newly admitted request, each with its own generator."""
-        for index in range(request.num_samples):
-            gen = torch.Generator().manual_seed(row_seed(request.seed, index))
-            self._rows.append(Row(request=request, index=index, generator=gen))
-
-    def _step(self, admit: list[Request]) -> list[tuple[Row, tinker_types.StopReason]]:
-        """One engine iteration, in a worker thread: decode the running rows, prefill the admitted ones."""
-        with torch.inference_mode():
-            self._drop([i for i, row in enumerate(self._rows) if row.request.cancelled])
-            # The weights every forward pass of this step reads.
-            self._select_weights()
-            logits = [self._decode()] if self._rows else []
-            if admit:
-                logits.append(self._prefill(admit))
-            return self._choose(torch.cat(logits)) if logits else []
-
-    def _choose(self, logits: Tensor) -> list[tuple[Row, tinker_types.StopReason]]:
-        tokens, logprobs = self._pick(logits, *_row_params(self._rows))
-        finished: list[tuple[Row, tinker_types.StopReason]] = []
-        done: list[int] = []
-        for i, (row, tok, lp) in enumerate(zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)):
-            row.tokens.append(tok)
-            row.logprobs.append(_to_f32(lp))
-            reason: tinker_types.StopReason | None = "stop" if row.stopped(self._stop_string_hit) else None
-            if reason is None and len(row.tokens) >= row.request.max_new:
-                reason = "length"
-            if reason is not None:
-                finished.append((row, reason))
-                done.append(i)
-        self._feed_tokens(tokens)
-        self._drop(done)
-        return finished
-
-    def _drop(self, indices: Sequence[int]) -> None:
-        if not indices:
-            return
-        gone = set(indices)
-        keep = torch.tensor([i for i in range(len(self._rows)) if i not in gone], dtype=torch.long)
-        self._rows = [row for i, row in enumerate(self._rows) if i not in gone]
-        if self._rows:
-            self._keep_rows(keep)
-        else:
-            self._reset()
