@@ -139,3 +139,13 @@ async def test_missing_model_names_the_path(tmp_path: Path) -> None:
                 await be.create_training_client(base_model=str(tmp_path / "no-such-model"))
             with pytest.raises(FileNotFoundError, match="not an HF backend checkpoint"):
                 await be.create_training_client_from_state(str(tmp_path))
+
+
+async def test_a_caller_and_the_backend_share_one_tokenizer_load(tmp_path: Path, tiny_model: TinyModel) -> None:
+    from trio_rl.backends.hf import load_tokenizer, resolve_source
+
+    mine = load_tokenizer(resolve_source(str(tiny_model.path)))
+    with trio.fail_after(60):
+        async with backend(tmp_path) as be:
+            trainer = await be.create_training_client(base_model=str(tiny_model.path), lora_rank=4, seed=0)
+            assert await trainer.get_tokenizer() is mine
