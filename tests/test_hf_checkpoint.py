@@ -149,3 +149,23 @@ async def test_a_caller_and_the_backend_share_one_tokenizer_load(tmp_path: Path,
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=str(tiny_model.path), lora_rank=4, seed=0)
             assert await trainer.get_tokenizer() is mine
+
+
+async def test_sampler_snapshots_keep_the_disk_and_the_adapters_bounded_over_50_steps(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    with trio.fail_after(120):
+        async with backend(tmp_path) as be:
+            trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
+            # As the loop does: the newest sampler replaces the one before, a state every 20 steps.
+            sampler = await trainer.save_weights_for_sampler("000000")
+            for step in range(1, 51):
+                await _train(trainer, 1)
+                sampler = await trainer.save_weights_for_sampler(f"{step:06d}")
+                if step % 20 == 0:
+                    await trainer.save_state(f"{step:06d}")
+                folders = sorted(p.name for p in (tmp_path / "sampler_weights").iterdir())
+                kept = [f"{s:06d}" for s in (20, 40) if s < step]
+                assert folders == sorted({*kept, f"{step:06d}"}), (step, folders)
+                assert len(trainer.model.peft_config) <= 3
+            assert sampler.model_path == str(tmp_path / "sampler_weights" / "000050")
