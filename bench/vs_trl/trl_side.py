@@ -110,6 +110,7 @@ def main() -> None:
         report_to=[],
         remove_unused_columns=False,
         dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL turns it on by default; trio_rl does not recompute activations
         disable_tqdm=True,
     )
     sample_s: list[float] = []
@@ -144,7 +145,7 @@ def main() -> None:
         callbacks=[StepTimer()],
     )
     trainer.train()
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    rewards = [float(h["reward"]) for h in trainer.state.log_history if "reward" in h]  # TRL logs strings
     evaluator = ex.GreedyAccuracy(renderer, ex_args)
     accuracy = _greedy_accuracy(trainer.model, tokenizer, renderer, evaluator.problems)
     train_s = [s - g for s, g in zip(step_s, sample_s, strict=True)]
