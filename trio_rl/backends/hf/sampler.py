@@ -58,6 +58,11 @@ def _left_pad(t: Tensor, width: int, dim: int) -> Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
+def _left_aligned_mask(lengths: list[int], width: int) -> Tensor:
+    """``[rows, width]``: 1 on each row's last ``lengths[i]`` slots (its tokens, left-padded)."""
+    return (torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]).long()
+
+
 def pick_tokens_unsorted(
     logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -192,23 +197,17 @@ class HFSamplingEngine(BatchingEngine):
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts)
-        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
+        mask = _left_aligned_mask([len(p) for p in prompts], width)
+        tokens = torch.zeros_like(mask)
+        tokens[mask.bool()] = torch.tensor([t for p in prompts for t in p])
         fresh = DynamicCache()
         last = self._run_model(tokens, mask, (mask.cumsum(1) - 1).clamp(min=0), fresh)
         layers: list[Any] = list(fresh.layers)  # full-attention layers: keys and values are tensors
         return [
-            Prefill(
-                [
-                    (x.keys[i : i + 1, :, width - len(p) :].clone(), x.values[i : i + 1, :, width - len(p) :].clone())
-                    for x in layers
-                ],
-                last[i],
+            Prefill.copied(
+                [(x.keys[i : i + 1, :, width - n :], x.values[i : i + 1, :, width - n :]) for x in layers], last[i]
             )
-            for i, p in enumerate(prompts)
+            for i, n in enumerate(len(p) for p in prompts)
         ]
 
     def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
@@ -216,9 +215,7 @@ class HFSamplingEngine(BatchingEngine):
 
         width = max(p.length for p in prefills)
         index = torch.arange(len(prefills)).repeat_interleave(torch.tensor(repeats))
-        mask = torch.zeros(len(prefills), width, dtype=torch.long)
-        for i, p in enumerate(prefills):
-            mask[i, width - p.length :] = 1
+        mask = _left_aligned_mask([p.length for p in prefills], width)
         sel = index.to(self._device)
         new = [
             tuple(torch.cat([_left_pad(p.kv[layer][j], width, 2) for p in prefills])[sel] for j in (0, 1))

@@ -25,6 +25,11 @@ class Prefill:
     kv: list[tuple[Tensor, Tensor]]
     logits: Tensor
 
+    @classmethod
+    def copied(cls, kv: list[tuple[Tensor, Tensor]], logits: Tensor) -> Prefill:
+        """A prefill owning copies of ``kv`` and ``logits``: views into a batch's tensors would keep the batch alive."""
+        return cls([(k.clone(), v.clone()) for k, v in kv], logits.clone())
+
     @property
     def length(self) -> int:
         """The prompt's tokens."""

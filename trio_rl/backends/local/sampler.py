@@ -124,7 +124,7 @@ class SamplingEngine(BatchingEngine):
         hidden, kv = self._model.hidden(tokens, positions, causal_mask(lengths, width))
         last = self._model.head(hidden[torch.arange(len(prompts)), lengths - 1])
         return [
-            Prefill([(k[i : i + 1, :, :n].clone(), v[i : i + 1, :, :n].clone()) for k, v in kv], last[i])
+            Prefill.copied([(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv], last[i])
             for i, n in enumerate(lengths.tolist())
         ]
 
