@@ -15,7 +15,11 @@ then training tokens/s: ``forward_backward`` + ``optim_step`` (LoRA rank 16) on
 ``TRAIN_BATCH`` sequences of 64 tokens. All on the same model object (the peft
 model) in the backend's dtype and device.
 
-Run: .venv/bin/python bench/hf_sampler.py [--threads N] [--device cpu|cuda] [--only tiny|smollm2]
+``shared``: ``SHARED_REQUESTS`` concurrent one-sample requests whose prompts are
+``SHARED_PROMPTS`` distinct prompts (an RL step: each group's prompt sent once per env),
+batched tokens/s and the prompt tokens the sampler reported as prefix-cache hits.
+
+Run: .venv/bin/python bench/hf_sampler.py [--threads N] [--device cpu|cuda] [--only tiny|smollm2] [--shared-only]
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ SEQUENTIAL_REQUESTS = 4
 TRAIN_BATCH = 32
 TRAIN_LEN = 64
 TRAIN_STEPS = 2
+SHARED_REQUESTS = 64
+SHARED_PROMPTS = 8
 
 
 def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
@@ -51,7 +57,7 @@ def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(rng.randrange(8, 33))] for _ in range(n)]
 
 
-async def _batched(sampler: HFSamplingClient, prompts: list[list[int]]) -> float:
+async def _batched(sampler: HFSamplingClient, prompts: list[list[int]], cached: list[int] | None = None) -> float:
     tokens = 0
 
     async def one(i: int) -> None:
@@ -59,12 +65,25 @@ async def _batched(sampler: HFSamplingClient, prompts: list[list[int]]) -> float
         params = tinker_types.SamplingParams(max_tokens=MAX_TOKENS, stop=[], seed=i)
         resp = await sampler.sample(tinker_types.ModelInput.from_ints(prompts[i]), 1, params)
         tokens += len(resp.sequences[0].tokens)
+        if cached is not None:
+            cached.append(getattr(resp, "prompt_cache_hit_tokens", 0))
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for i in range(len(prompts)):
             nursery.start_soon(one, i)
     return tokens / (time.perf_counter() - start)
+
+
+async def _shared(sampler: HFSamplingClient, vocab: int) -> None:
+    distinct = _prompts(SHARED_PROMPTS, 7, vocab)
+    prompts = [distinct[i % SHARED_PROMPTS] for i in range(SHARED_REQUESTS)]
+    cached: list[int] = []
+    rate = await _batched(sampler, prompts, cached)
+    total = sum(len(p) for p in prompts)
+    print(f"shared: {SHARED_REQUESTS} requests over {SHARED_PROMPTS} prompts: {rate:.0f} batched tok/s, "
+          f"prefill {sum(cached)} cached / {total - sum(cached)} uncached tokens "
+          f"(load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 def _generate(model: Any, prompts: list[list[int]], pad_id: int, device: torch.device) -> int:
@@ -114,6 +133,20 @@ async def _train_tokens_per_s(trainer: HFTrainingClient, vocab: int) -> float:
     return TRAIN_STEPS * TRAIN_BATCH * TRAIN_LEN / (time.perf_counter() - start)
 
 
+async def _snapshots(trainer: HFTrainingClient, log_dir: Path, steps: int = 12) -> None:
+    """Seconds per ``save_weights_for_sampler`` (the previous client dropped, as the loop does) and the disk after."""
+    kept: Any = None
+    start = time.perf_counter()
+    for step in range(steps):
+        kept = await trainer.save_weights_for_sampler(f"snap-{step:03d}")
+    per = (time.perf_counter() - start) / steps
+    folder = log_dir / "sampler_weights"
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
+    print(f"snapshots: {per:.3f} s per save_weights_for_sampler, sampler_weights/ {size / 1e6:.1f} MB "
+          f"after {steps} (load {os.getloadavg()[0]:.2f})", flush=True)
+    del kept
+
+
 async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_dir: Path) -> None:
     async with HFBackend(log_dir=log_dir, device=args.device, num_threads=args.threads) as backend:
         start = time.perf_counter()
@@ -128,6 +161,11 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
               f"{backend.dtype}, {device}, loaded in {load_s:.1f} s; {MAX_TOKENS} tokens per request")
         await _batched(sampler, _prompts(4, 99, vocab))  # warm-up
         _padded(model, _prompts(2, 98, vocab), pad_id, device)
+        if args.shared_only:
+            for _ in range(args.repeat):
+                await _shared(sampler, vocab)
+            await _snapshots(trainer, log_dir)
+            return
         print(f"{'requests':>9} {'batched tok/s':>14} {'one-at-a-time':>14} {'padded generate':>16} {'batched / one':>14}")
         for n in CONCURRENCY:
             prompts = _prompts(n, n, vocab)
@@ -135,6 +173,8 @@ async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_
             single = await trio.to_thread.run_sync(_one_at_a_time, model, prompts, pad_id, device)
             padded = await trio.to_thread.run_sync(_padded, model, prompts, pad_id, device)
             print(f"{n:>9} {batched:>14.0f} {single:>14.0f} {padded:>16.0f} {batched / single:>13.1f}x", flush=True)
+        await _shared(sampler, vocab)
+        await _snapshots(trainer, log_dir)
         train = await _train_tokens_per_s(trainer, vocab)
         print(f"training: {train:.0f} tokens/s (forward_backward + optim_step, {TRAIN_BATCH} x {TRAIN_LEN} tokens, LoRA 16)")
 
@@ -158,4 +198,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--only", choices=["tiny", "smollm2"])
+    parser.add_argument("--shared-only", action="store_true", help="only the shared-prompts row")
+    parser.add_argument("--repeat", type=int, default=1, help="times to run the shared-prompts row")
     trio.run(main, parser.parse_args())

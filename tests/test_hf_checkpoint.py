@@ -63,7 +63,9 @@ async def test_save_and_resume_round_trip_with_optimizer(tmp_path: Path, tiny_mo
             for n, p in trainer.model.named_parameters():
                 if n in weights:
                     assert torch.equal(p.detach(), weights[n]), n
-            sampler_path = (await trainer.save_weights_for_sampler("w")).model_path
+            # The folder lives while its client does: hold the client.
+            sampler = await trainer.save_weights_for_sampler("w")
+            sampler_path = sampler.model_path
             assert sampler_path is not None
             _only_safetensors_and_json(Path(sampler_path))
             with pytest.raises(ValueError, match="no optimizer state"):
@@ -111,7 +113,7 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
             assert [s.logprobs for s in again.sequences] == [s.logprobs for s in first.sequences]
             assert await before.compute_logprobs(PROMPT) == scored
             assert await after.compute_logprobs(PROMPT) != scored
-            # Snapshots are adapters, not trained parameters, and a dropped one is deleted.
+            # Snapshots are adapters, not trained parameters, and a dropped one's adapter is reused.
             trained = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
             assert trained and all(".default." in n for n in trained)
             assert set(trainer.adam_state.exp_avg) == set(trained)
@@ -121,8 +123,13 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
             import gc
 
             gc.collect()
-            await _train(trainer, 1)  # the next job deletes the retired adapters
-            assert set(trainer.model.peft_config) == {"default"}
+            await _train(trainer, 1)  # the next job takes the retired adapters back
+            for step in range(5):
+                newest = await trainer.save_weights_for_sampler(f"again-{step}")
+                assert await newest.compute_logprobs(PROMPT) != scored
+            assert set(trainer.model.peft_config) == adapters
+            trained_now = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+            assert trained_now == trained
 
 
 async def test_missing_model_names_the_path(tmp_path: Path) -> None:
@@ -132,3 +139,33 @@ async def test_missing_model_names_the_path(tmp_path: Path) -> None:
                 await be.create_training_client(base_model=str(tmp_path / "no-such-model"))
             with pytest.raises(FileNotFoundError, match="not an HF backend checkpoint"):
                 await be.create_training_client_from_state(str(tmp_path))
+
+
+async def test_a_caller_and_the_backend_share_one_tokenizer_load(tmp_path: Path, tiny_model: TinyModel) -> None:
+    from trio_rl.backends.hf import load_tokenizer, resolve_source
+
+    mine = load_tokenizer(resolve_source(str(tiny_model.path)))
+    with trio.fail_after(60):
+        async with backend(tmp_path) as be:
+            trainer = await be.create_training_client(base_model=str(tiny_model.path), lora_rank=4, seed=0)
+            assert await trainer.get_tokenizer() is mine
+
+
+async def test_sampler_snapshots_keep_the_disk_and_the_adapters_bounded_over_50_steps(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    with trio.fail_after(120):
+        async with backend(tmp_path) as be:
+            trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
+            # As the loop does: the newest sampler replaces the one before, a state every 20 steps.
+            sampler = await trainer.save_weights_for_sampler("000000")
+            for step in range(1, 51):
+                await _train(trainer, 1)
+                sampler = await trainer.save_weights_for_sampler(f"{step:06d}")
+                if step % 20 == 0:
+                    await trainer.save_state(f"{step:06d}")
+                folders = sorted(p.name for p in (tmp_path / "sampler_weights").iterdir())
+                kept = [f"{s:06d}" for s in (20, 40) if s < step]
+                assert folders == sorted({*kept, f"{step:06d}"}), (step, folders)
+                assert len(trainer.model.peft_config) <= 3
+            assert sampler.model_path == str(tmp_path / "sampler_weights" / "000050")

@@ -147,3 +147,38 @@ def test_unsorted_pick_draws_from_the_same_distribution_as_the_sorted_one() -> N
     slow, slow_lp = pick_tokens(logits, temperature, k, p, uniform)
     assert torch.equal(fast[:30], slow[:30]) and torch.equal(fast_lp[:30], slow_lp[:30])
     assert set(fast[10:30].tolist()) <= {1, 3}
+
+
+async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    texts = ["What is 3 + 4? Answer:", "Say hi", "What is 3 + 4? Answer: 7. And 5 + 1?"]
+
+    async def rollouts(log_dir: Path, **kwargs: Any) -> list[tinker_types.SampleResponse]:
+        out: dict[int, tinker_types.SampleResponse] = {}
+        async with backend(log_dir, **kwargs) as be:
+            trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
+            tok = await trainer.get_tokenizer()
+            sampler = await trainer.save_weights_for_sampler("s0")
+
+            async def one(i: int) -> None:
+                params = tinker_types.SamplingParams(max_tokens=6, seed=10 + i, stop=[])
+                out[i] = await sampler.sample(_prompt(tok, texts[i % 3]), 1, params)
+
+            for wave in range(2):
+                async with trio.open_nursery() as nursery:
+                    for i in range(6 * wave, 6 * wave + 6):
+                        nursery.start_soon(one, i)
+        return [out[i] for i in range(12)]
+
+    with trio.fail_after(120):
+        cached = await rollouts(tmp_path / "cached")
+        plain = await rollouts(tmp_path / "plain", prefix_cache_bytes=0)
+    for a, b in zip(cached, plain):
+        assert a.sequences[0].tokens == b.sequences[0].tokens
+        assert a.sequences[0].logprobs == pytest.approx(b.sequences[0].logprobs, abs=1e-4)
+    # Each prompt is prefilled once: the request that arrived first pays, every other one is a hit.
+    for k in range(3):
+        assert sorted(r.prompt_cache_hit_tokens > 0 for r in cached[k::3]) == [False, True, True, True]
+    # Without a kept cache the second wave prefills each prompt again.
+    assert sorted(r.prompt_cache_hit_tokens > 0 for r in plain[6:12]) == [False] * 3 + [True] * 3

@@ -150,3 +150,36 @@ async def test_malformed_data_and_unknown_losses_are_rejected(tmp_path: Path, ti
             pending = await trainer.forward_backward([datum([1, 10**6], weights=[1.0])], "cross_entropy")
             with pytest.raises(ValueError, match="outside"):
                 await pending.result()
+
+
+async def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradient(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    with trio.fail_after(60):
+        async with backend(tmp_path) as be:
+            trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
+            data, prompts = [], (3, 1, 0)
+            for seq, prompt in zip(SEQS, prompts):
+                n = len(seq) - 1
+                adv = [0.0] * prompt + [1.5] * (n - prompt)
+                data.append(datum(seq, logprobs=[0.0] * prompt + [-5.0] * (n - prompt), advantages=adv))
+            out = await (await trainer.forward_backward(data, "importance_sampling")).result()
+            grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+            assert grads
+            trainer.model.zero_grad(set_to_none=True)
+            # The reference: the full forward (the head at every position), the loss over all of them.
+            total = torch.zeros(())
+            for seq, prompt, d, got in zip(SEQS, prompts, data, out.loss_fn_outputs):
+                x = torch.tensor([seq[:-1]])
+                logits = trainer.model(input_ids=x).logits[0].float()
+                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+                old = torch.tensor(d.loss_fn_inputs["logprobs"].tolist())
+                adv = torch.tensor(d.loss_fn_inputs["advantages"].tolist())
+                total = total + (-torch.exp(lp - old) * adv).sum()
+                assert got["logprobs"].tolist()[prompt:] == pytest.approx(lp[prompt:].tolist(), abs=1e-5)
+                assert got["logprobs"].tolist()[:prompt] == [0.0] * prompt
+            total.backward()
+            assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-4)
+            for n, p in trainer.model.named_parameters():
+                if n in grads:
+                    assert torch.allclose(grads[n], p.grad, atol=1e-5), n

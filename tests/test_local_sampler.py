@@ -200,3 +200,78 @@ async def test_many_concurrent_requests(tmp_path: Path) -> None:
                 for i in range(40):
                     nursery.start_soon(one, i)
     assert sorted(lengths) == sorted(3 + i % 5 for i in range(40) for _ in range(2))
+
+
+async def _group_rollouts(sampler: LocalSamplingClient) -> list[tinker_types.SampleResponse]:
+    """A step's sampling: 3 prompts x 4 one-sample requests at once, then the same prompts again."""
+    prompts = ["abc", "hg fe", "abc d"]
+    out: dict[int, tinker_types.SampleResponse] = {}
+
+    async def one(i: int) -> None:
+        params = tinker_types.SamplingParams(max_tokens=10, seed=100 + i, stop=[])
+        out[i] = await sampler.sample(_prompt(prompts[i % 3]), 1, params)
+
+    for wave in range(2):
+        async with trio.open_nursery() as nursery:
+            for i in range(12 * wave, 12 * wave + 12):
+                nursery.start_soon(one, i)
+    return [out[i] for i in range(24)]
+
+
+async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with _backend(tmp_path / "cached") as cached_backend:
+            cached = await _group_rollouts(await _sampler(cached_backend))
+        async with _backend(tmp_path / "plain", prefix_cache_bytes=0) as plain_backend:
+            plain = await _group_rollouts(await _sampler(plain_backend))
+    assert [_seqs(r) for r in cached] == [_seqs(r) for r in plain]
+    lengths = [len(p) for p in ("abc", "hg fe", "abc d")]
+    # Each prompt is prefilled once: the request that arrived first pays, every other one is a hit.
+    hits = [r.prompt_cache_hit_tokens for r in cached]
+    for k in range(3):
+        assert sorted(hits[k::3]) == [0] + [lengths[k] + 1] * 7
+    # Without a kept cache only the requests of one batch share a prefill: the second wave prefills again.
+    assert sorted(r.prompt_cache_hit_tokens for r in plain[12::3]) == [0, 4, 4, 4]
+
+
+async def test_prefix_cache_is_not_shared_across_weights(tmp_path: Path) -> None:
+    params = tinker_types.SamplingParams(max_tokens=10, seed=5, stop=[])
+    with trio.fail_after(60):
+        async with _backend(tmp_path) as backend:
+            client = await backend.create_training_client(base_model="tiny", seed=0)
+            old = await client.save_weights_for_sampler("old")
+            first = await old.sample(_prompt("abc"), 1, params)
+            assert (await old.sample(_prompt("abc"), 1, params)).prompt_cache_hit_tokens == 4
+            datum = tinker_types.Datum(
+                model_input=_prompt("abcab"),
+                loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
+            )
+            await (await client.forward_backward([datum], "cross_entropy")).result()
+            await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
+            new = await client.save_weights_for_sampler("new")
+            after = await new.sample(_prompt("abc"), 1, params)
+            # The new weights prefill the prompt afresh, and sample from the new weights.
+            assert after.prompt_cache_hit_tokens == 0
+            assert after.sequences[0].logprobs != first.sequences[0].logprobs
+            assert _seqs(await old.sample(_prompt("abc"), 1, params)) == _seqs(first)
+
+
+def test_prefix_cache_evicts_the_least_recently_used_beyond_its_bound() -> None:
+    from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
+
+    def prefill(n: int) -> Prefill:
+        return Prefill([(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))], torch.zeros(8))
+
+    one = prefill(2).nbytes
+    cache = PrefixCache(max_bytes=3 * one)
+    for key in ((1,), (2,), (3,)):
+        cache.put(key, prefill(2))
+    assert cache.get((1,)) is not None  # (2,) is now the least recently used
+    cache.put((4,), prefill(2))
+    assert cache.get((2,)) is None and len(cache) == 3
+    assert all(cache.get(k) is not None for k in ((1,), (3,), (4,)))
+    cache.put((5,), prefill(16))  # bigger than the bound alone: nothing is kept
+    assert len(cache) == 0
+    cache.put((6,), prefill(2))
+    cache.clear()
+    assert cache.get((6,)) is None

@@ -10,6 +10,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.model import TransformerLM
 from trio_rl.backends.local.optimizer import AdamState, adam_step
@@ -203,3 +204,47 @@ async def test_leaving_the_backend_fails_queued_requests(tmp_path: Path) -> None
             await pendings[-1].result()
         with pytest.raises(RuntimeError, match="async with"):
             await client.optim_step(ADAM)
+
+
+def _rl_datum(seq: list[int], prompt: int, advantage: float) -> tinker_types.Datum:
+    """A prompt of ``prompt`` targets (advantage 0, unmasked) then action targets with ``advantage``."""
+    n = len(seq) - 1
+    return tinker_types.Datum(
+        model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={
+            "target_tokens": seq[1:],
+            "logprobs": [0.0] * prompt + [-1.0 - 0.1 * j for j in range(n - prompt)],
+            "advantages": [0.0] * prompt + [advantage] * (n - prompt),
+            "mask": compat.tensor([0.0] * prompt + [1.0] * (n - prompt), "float32"),
+        },
+    )
+
+
+def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradient() -> None:
+    from trio_rl.backends.local.model import causal_mask
+    from trio_rl.backends.local.training import forward_backward_batch
+
+    model = TransformerLM(CONFIG, TOK.vocab_size, seed=3)
+    seqs = [[TOK.bos_token_id, *TOK.encode(t), TOK.eos_token_id] for t in ("abcdefg", "hgf", "a b c d")]
+    data = [_rl_datum(s, prompt, adv) for s, prompt, adv in zip(seqs, (4, 1, 3), (0.5, -1.0, 2.0), strict=True)]
+    out = forward_backward_batch(model, data, "importance_sampling", {})
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    # The reference: the head over every position, the loss summed over all of them.
+    total = torch.zeros(())
+    for seq, datum, got in zip(seqs, data, out.loss_fn_outputs, strict=True):
+        x = torch.tensor([seq[:-1]])
+        logits, _ = model(x, torch.arange(x.shape[1])[None], causal_mask(torch.tensor([x.shape[1]]), x.shape[1]))
+        lp = torch.log_softmax(logits[0], -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+        old = torch.tensor(datum.loss_fn_inputs["logprobs"].tolist())
+        adv = torch.tensor(datum.loss_fn_inputs["advantages"].tolist())
+        total = total + (-torch.exp(lp - old) * adv).sum()
+        trained = adv != 0
+        got_lp = torch.tensor(got["logprobs"].tolist())
+        assert got_lp[trained].tolist() == pytest.approx(lp[trained].tolist(), abs=1e-6)
+        assert got_lp[~trained].tolist() == [0.0] * int((~trained).sum())
+    total.backward()
+    assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-5)
+    for n, p in model.named_parameters():
+        assert p.grad is not None
+        assert torch.allclose(grads[n], p.grad, atol=1e-6), n

@@ -13,7 +13,7 @@ from trio_rl.backends.hf._extra import require_hf_extra
 from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
 from trio_rl.backends.hf.policy import Policy
-from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, _adam_on
+from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, adam_on
 from trio_rl.backends.local.losses import check_loss_fn
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
@@ -45,6 +45,8 @@ class HFBackend(InProcessBackend):
         lora_alpha: LoRA scale numerator; the update is scaled by ``lora_alpha / lora_rank``.
         seed: seeds unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes together.
+        prefix_cache_bytes: bound of each sampling client's cache of prefilled
+            prompts (a prompt sent again is not prefilled again); ``0`` keeps none.
         max_seq_len: longest prompt plus sample, and longest training datum;
             default: the model's ``max_position_embeddings``.
         token_budget: most padded tokens per training micro-batch.
@@ -64,6 +66,7 @@ class HFBackend(InProcessBackend):
         lora_alpha: float = 32.0,
         seed: int = 0,
         max_batch_rows: int = 256,
+        prefix_cache_bytes: int = 64 << 20,
         max_seq_len: int | None = None,
         token_budget: int = 4096,
         num_threads: int | None = None,
@@ -79,7 +82,7 @@ class HFBackend(InProcessBackend):
         self._max_seq_len = max_seq_len
         self._token_budget = token_budget
         self._num_threads = num_threads
-        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows, prefix_cache_bytes)
 
     @property
     def device(self) -> torch.device:
@@ -156,7 +159,7 @@ class HFBackend(InProcessBackend):
             loaded = self._load(source)
             policy = Policy(loaded.model, lora_rank=ckpt.lora_rank, lora_alpha=ckpt.lora_alpha, seed=0)
             policy.load_trained_state(ckpt.weights)
-            adam = _adam_on(ckpt.adam, policy.device) if ckpt.adam is not None else None
+            adam = adam_on(ckpt.adam, policy.device) if ckpt.adam is not None else None
             return self._client(source, loaded, policy, adam)
 
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)

@@ -14,6 +14,7 @@ before transformers is imported and every load passes ``local_files_only``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -126,8 +127,13 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@functools.lru_cache(maxsize=4)
 def load_tokenizer(source: ModelSource) -> Any:
-    """The model's Hugging Face tokenizer (chat template included), from disk only."""
+    """The model's Hugging Face tokenizer (chat template included), from disk only.
+
+    Loaded once per source and shared: the example that renders prompts and
+    the backend that trains get the same object (from a GGUF file a load takes seconds).
+    """
     require_hf_extra()
     _offline()
     from transformers import AutoTokenizer

@@ -3,7 +3,9 @@
 With LoRA (``lora_rank > 0``) the base model is frozen and shared: the trained
 adapter is peft's ``"default"`` adapter, and each snapshot is another adapter
 on the same model holding a copy of the trained adapter's weights, so a
-snapshot costs the adapter's size, not the model's. Which adapter a forward
+snapshot costs the adapter's size, not the model's. A snapshot's adapter is
+reused by a later snapshot once no engine holds the first (peft's
+``add_adapter`` costs far more than copying the weights). Which adapter a forward
 pass uses is chosen by :meth:`Policy.activate` right before it; every torch
 job of a backend runs under one thread limiter, so switching cannot race.
 
@@ -46,6 +48,8 @@ class Policy:
         self._names = itertools.count()
         self._lock = threading.Lock()
         self._retired: list[str] = []
+        self._free: list[str] = []  # snapshot adapters no engine uses: reused before a new one is added
+        self._pairs: dict[str, list[tuple[nn.Parameter, nn.Parameter]]] = {}
         if lora_rank:
             from peft import LoraConfig, get_peft_model
 
@@ -138,31 +142,32 @@ class Policy:
         if not self.is_lora:
             frozen = copy.deepcopy(self.model).requires_grad_(False).eval()
             return Snapshot(self, frozen, None)
-        name = f"snapshot-{next(self._names)}"
-        with torch.random.fork_rng(devices=[]):  # its random init is overwritten below
-            self.model.add_adapter(name, self.lora_config)  # type: ignore[operator]
-        trained = {n: p for n, p in self.model.named_parameters() if f".{TRAIN_ADAPTER}." in n and ".lora_" in n}
+        name = self._free.pop() if self._free else self._new_adapter()
         with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                if f".{name}." in n:
-                    p.copy_(trained[n.replace(f".{name}.", f".{TRAIN_ADAPTER}.")])
-        self._fix_trainable()
+            for copy_to, trained in self._pairs[name]:
+                copy_to.copy_(trained)
         return Snapshot(self, self.model, name)
 
+    def _new_adapter(self) -> str:
+        name = f"snapshot-{next(self._names)}"
+        with torch.random.fork_rng(devices=[]):  # its random init is overwritten by the copy
+            self.model.add_adapter(name, self.lora_config)  # type: ignore[operator]
+        params = dict(self.model.named_parameters())
+        self._pairs[name] = [
+            (p, params[n.replace(f".{name}.", f".{TRAIN_ADAPTER}.")]) for n, p in params.items() if f".{name}." in n
+        ]
+        self._fix_trainable()
+        return name
+
     def retire(self, adapter: str) -> None:
-        """Mark a snapshot adapter for deletion at the next job (any thread, never blocks)."""
+        """Hand a snapshot's adapter back for reuse from the next job on (any thread, never blocks)."""
         with self._lock:
             self._retired.append(adapter)
 
     def _collect(self) -> None:
         with self._lock:
             retired, self._retired = self._retired, []
-        for adapter in retired:
-            if self.model.active_adapter == adapter:
-                self.model.set_adapter(TRAIN_ADAPTER)  # type: ignore[operator]
-            self.model.delete_adapter(adapter)  # type: ignore[operator]
-        if retired:
-            self._fix_trainable()
+        self._free.extend(retired)
 
 
 class Snapshot:

@@ -38,7 +38,9 @@ import torch
 from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
-from trio_rl.backends.local.batching import BatchingEngine, Request, Row, pick_tokens
+from trio_rl.backends.local.batching import BatchingEngine, pick_tokens
+from trio_rl.backends.local.prefix_cache import Prefill
+from trio_rl.backends.local.requests import Row
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
 
@@ -54,6 +56,11 @@ def _left_pad(t: Tensor, width: int, dim: int) -> Tensor:
     shape = list(t.shape)
     shape[dim] = width - have
     return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _left_aligned_mask(lengths: list[int], width: int) -> Tensor:
+    """``[rows, width]``: 1 on each row's last ``lengths[i]`` slots (its tokens, left-padded)."""
+    return (torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]).long()
 
 
 def pick_tokens_unsorted(
@@ -96,6 +103,12 @@ def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def keeps_last_logits(model: Any) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (the output head on the last positions only)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def cache_keyword(model: Any) -> str:
     """The forward argument (and output field) of the KV cache: ``cache`` since
     transformers 5.2x renamed it, ``past_key_values`` before."""
@@ -125,11 +138,18 @@ class HFSamplingEngine(BatchingEngine):
         max_seq_len: int,
         default_stop_ids: frozenset[int],
     ) -> None:
-        super().__init__(runtime, vocab_size=vocab_size, max_seq_len=max_seq_len, default_stop_ids=default_stop_ids)
+        super().__init__(
+            runtime,
+            vocab_size=vocab_size,
+            max_seq_len=max_seq_len,
+            default_stop_ids=default_stop_ids,
+        )
         self._snapshot = snapshot
         self._tokenizer = tokenizer
         self._device = next(snapshot.model.parameters()).device
         self._cache_kw = cache_keyword(snapshot.model)
+        # Only the last position's logits are read: a prefill never computes the head elsewhere.
+        self._last_only: dict[str, int] = {"logits_to_keep": 1} if keeps_last_logits(snapshot.model) else {}
         self._past: Any = None  # a transformers DynamicCache: [rows, kv_heads, width, head_dim] per layer
         self._mask = torch.zeros(0, 0, dtype=torch.long)
         self._lengths = torch.zeros(0, dtype=torch.long)
@@ -157,6 +177,7 @@ class HFSamplingEngine(BatchingEngine):
             position_ids=position_ids.to(dev),
             use_cache=True,
             **{self._cache_kw: past},
+            **self._last_only,
         )
         logits: Tensor = out.logits[:, -1].to("cpu", torch.float64)
         return logits
@@ -172,44 +193,47 @@ class HFSamplingEngine(BatchingEngine):
         self._lengths = self._lengths + 1
         return logits
 
-    def _prefill(self, admit: list[Request]) -> Tensor:
+    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
         from transformers import DynamicCache
 
-        lengths = torch.tensor([len(r.prompt) for r in admit])
-        width = int(lengths.max())
-        tokens = torch.zeros(len(admit), width, dtype=torch.long)
-        mask = torch.zeros(len(admit), width, dtype=torch.long)
-        for i, request in enumerate(admit):
-            tokens[i, width - len(request.prompt) :] = torch.tensor(request.prompt)
-            mask[i, width - len(request.prompt) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        width = max(len(p) for p in prompts)
+        mask = _left_aligned_mask([len(p) for p in prompts], width)
+        tokens = torch.zeros_like(mask)
+        tokens[mask.bool()] = torch.tensor([t for p in prompts for t in p])
         fresh = DynamicCache()
-        last = self._run_model(tokens, mask, positions, fresh)
-        # Every sample of a request starts from the same prompt: prefill once, copy rows.
-        repeats = torch.tensor([r.num_samples for r in admit])
-        index = torch.arange(len(admit)).repeat_interleave(repeats)
-        mask, lengths = mask[index], lengths[index]
-        for request in admit:
-            self._new_rows(request)
+        last = self._run_model(tokens, mask, (mask.cumsum(1) - 1).clamp(min=0), fresh)
         layers: list[Any] = list(fresh.layers)  # full-attention layers: keys and values are tensors
+        return [
+            Prefill.copied(
+                [(x.keys[i : i + 1, :, width - n :], x.values[i : i + 1, :, width - n :]) for x in layers], last[i]
+            )
+            for i, n in enumerate(len(p) for p in prompts)
+        ]
+
+    def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
+        from transformers import DynamicCache
+
+        width = max(p.length for p in prefills)
+        index = torch.arange(len(prefills)).repeat_interleave(torch.tensor(repeats))
+        mask = _left_aligned_mask([p.length for p in prefills], width)
+        sel = index.to(self._device)
+        new = [
+            tuple(torch.cat([_left_pad(p.kv[layer][j], width, 2) for p in prefills])[sel] for j in (0, 1))
+            for layer in range(len(prefills[0].kv))
+        ]
         if self._past is None:
-            for layer in layers:
-                layer.keys, layer.values = (
-                    layer.keys[index.to(layer.keys.device)],
-                    layer.values[index.to(layer.values.device)],
-                )
-            self._past, self._mask = fresh, mask
+            self._past = DynamicCache()
+            for layer, (keys, values) in enumerate(new):
+                self._past.update(keys, values, layer)
+            self._mask = mask[index]
         else:
             slots = max(self._mask.shape[1], width)
-            past_layers: list[Any] = list(self._past.layers)
-            for old, new in zip(past_layers, layers, strict=True):
-                sel = index.to(new.keys.device)
-                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(new.keys[sel], slots, 2)])
-                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(new.values[sel], slots, 2)])
-            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask, slots, 1)])
-        self._lengths = torch.cat([self._lengths, lengths])
-        self._last = torch.cat([self._last, torch.zeros(len(lengths), dtype=torch.long)])
-        return last[index]
+            for old, (keys, values) in zip(list(self._past.layers), new, strict=True):
+                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(keys, slots, 2)])
+                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(values, slots, 2)])
+            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask[index], slots, 1)])
+        self._lengths = torch.cat([self._lengths, torch.tensor([p.length for p in prefills])[index]])
+        self._last = torch.cat([self._last, torch.zeros(len(index), dtype=torch.long)])
 
     def _feed_tokens(self, tokens: Tensor) -> None:
         self._last = tokens
@@ -232,10 +256,7 @@ class HFSamplingEngine(BatchingEngine):
         self._lengths = self._lengths.index_select(0, keep)
         self._last = self._last.index_select(0, keep)
 
-    def _pick(
-        self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return pick_tokens_unsorted(logits, temperature, top_k, top_p, uniform)
+    _pick = staticmethod(pick_tokens_unsorted)
 
     def _score(self, tokens: list[int]) -> list[float]:
         self._snapshot.activate()

@@ -40,6 +40,8 @@ class LocalBackend(InProcessBackend):
             (``sampler_weights/``).
         seed: seeds the seeds of unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes in one batch.
+        prefix_cache_bytes: bound of each sampling client's cache of prefilled
+            prompts (a prompt sent again is not prefilled again); ``0`` keeps none.
         num_threads: torch intra-op threads while the backend is entered
             (``torch.set_num_threads`` is process-wide; the previous value is
             restored on exit). The default, 1, is deliberate: for models this
@@ -57,13 +59,14 @@ class LocalBackend(InProcessBackend):
         tokenizer: CharTokenizer | None = None,
         seed: int = 0,
         max_batch_rows: int = 256,
+        prefix_cache_bytes: int = 64 << 20,
         num_threads: int | None = 1,
     ) -> None:
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be at least 1")
         self._model_config = model_config if model_config is not None else ModelConfig()
         self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
-        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows)
+        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows, prefix_cache_bytes)
         if num_threads is not None and num_threads < 1:
             raise ValueError("num_threads must be at least 1")
         self._num_threads = num_threads

@@ -9,7 +9,7 @@ how they compute those logprobs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,3 +102,120 @@ def datum_outputs(logprobs: Sequence[Tensor], losses: Sequence[Tensor]) -> list[
         }
         for lp, loss in zip(logprobs, losses, strict=True)
     ]
+
+
+ADVANTAGE_WEIGHTED = frozenset({"importance_sampling", "ppo", "cispo"})
+"""Losses whose per-token value is zero where the advantage is zero."""
+
+
+def scored_positions(datum: DatumInputs, loss_fn: str) -> Tensor:
+    """Where the learner's logprob is needed: positions whose loss can be nonzero, and ``mask`` positions.
+
+    The others (prompt tokens, zero advantages, zero weights) add nothing to
+    the loss or its gradient, so their logits are never computed; ``mask``
+    positions are kept so that the returned logprobs of every sampled token
+    can be compared with the sampler's.
+    """
+    tensors = datum.tensors
+    keep = torch.ones(len(datum.tokens), dtype=torch.bool)
+    if "weights" in tensors:
+        keep &= tensors["weights"] != 0
+    if loss_fn in ADVANTAGE_WEIGHTED:
+        keep &= tensors["advantages"] != 0
+    if "mask" in tensors:
+        keep |= tensors["mask"] > 0
+    return keep
+
+
+def logprobs_at(
+    hidden: Tensor, head: Callable[[Tensor], Tensor], inputs: Sequence[DatumInputs], keep: Sequence[Tensor]
+) -> list[Tensor]:
+    """Each datum's ``[len]`` target logprobs, the output head applied only where ``keep`` says.
+
+    Args:
+        hidden: ``[rows, width, d]`` final hidden states of the right-padded batch.
+        head: hidden states to logits.
+        inputs: the batch's data.
+        keep: per datum, a ``[len]`` bool of the positions to score (:func:`scored_positions`).
+
+    Returns:
+        Logprobs with grad at the kept positions; elsewhere the datum's own
+        sampling ``logprobs`` (0 where it has none), which make the loss there
+        exactly zero whatever the loss function.
+    """
+    device = hidden.device
+    rows = torch.cat([torch.full((int(k.sum()),), i) for i, k in enumerate(keep)]).to(device)
+    cols = torch.cat([k.nonzero()[:, 0] for k in keep]).to(device)
+    targets = torch.cat([d.targets[k] for d, k in zip(inputs, keep, strict=True)]).to(device)
+    logits = head(hidden[rows, cols]).float()
+    # logsumexp then gather: no [tokens, vocab] log_softmax tensor kept for backward.
+    picked = logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    out: list[Tensor] = []
+    for datum, k, part in zip(inputs, keep, torch.split(picked, [int(k.sum()) for k in keep]), strict=True):
+        base = datum.tensors.get("logprobs", torch.zeros(len(datum.tokens)))
+        out.append(base.to(device=device, dtype=part.dtype).masked_scatter(k.to(device), part))
+    return out
+
+
+def micro_batches(inputs: Sequence[DatumInputs], token_budget: int) -> list[list[int]]:
+    """Split data (in order) into runs whose padded size ``rows * longest`` fits ``token_budget``.
+
+    A datum longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, datum in enumerate(inputs):
+        width = max(longest, len(datum.tokens))
+        if current and width * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current, width = [], len(datum.tokens)
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def right_padded(inputs: Sequence[DatumInputs]) -> tuple[Tensor, Tensor]:
+    """The input tokens as one right-padded ``[rows, width]`` batch, and each row's length."""
+    lengths = torch.tensor([len(d.tokens) for d in inputs])
+    tokens = torch.zeros(len(inputs), int(lengths.max()), dtype=torch.long)
+    for i, datum in enumerate(inputs):
+        tokens[i, : len(datum.tokens)] = torch.tensor(datum.tokens)
+    return tokens, lengths
+
+
+def forward_backward_parts(
+    inputs: Sequence[DatumInputs],
+    parts: Sequence[Sequence[int]],
+    target_logprobs: Callable[[list[DatumInputs]], list[Tensor]],
+    loss_fn: str,
+    config: Mapping[str, float],
+) -> tinker_types.ForwardBackwardOutput:
+    """Accumulate the gradients of ``loss_fn`` over ``inputs``, one forward/backward pass per part.
+
+    Args:
+        inputs: the checked batch.
+        parts: indices into ``inputs``, each run as one pass (see :func:`micro_batches`).
+        target_logprobs: the learner's ``[len]`` target logprobs of each datum of a part, with grad.
+        loss_fn: a key of :data:`.losses.LOSS_FUNCTIONS`.
+        config: the loss's clip thresholds.
+
+    Returns:
+        Per datum ``logprobs`` and ``elementwise_loss``, and the metric ``loss:sum``.
+    """
+    logprobs: list[Tensor] = [torch.empty(0)] * len(inputs)
+    losses: list[Tensor] = [torch.empty(0)] * len(inputs)
+    total = 0.0
+    for part in parts:
+        data = [inputs[i] for i in part]
+        with torch.enable_grad():
+            rows = target_logprobs(data)
+            per_datum = datum_losses(rows, data, loss_fn, config)
+            loss = torch.stack([x.sum() for x in per_datum]).sum()
+            loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
+        for i, lp, x in zip(part, rows, per_datum, strict=True):
+            logprobs[i], losses[i] = lp.detach(), x.detach()
+    return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total})

@@ -181,12 +181,25 @@ class TransformerLM(nn.Module):
             ``[batch, length, vocab]`` logits and, per layer, the keys and values
             attended over (the prompt's, on a pass without a cache).
         """
+        hidden, new_cache = self.hidden(tokens, positions, mask, cache, write_slots)
+        return self.head(hidden), new_cache
+
+    def hidden(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        mask: Tensor,
+        cache: KVCache | None = None,
+        write_slots: Tensor | None = None,
+    ) -> tuple[Tensor, KVCache]:
+        """:meth:`forward` without the output head: ``[batch, length, d_model]`` final hidden
+        states, so that a caller computes logits only at the positions it reads."""
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         new_cache: KVCache = []
         for i, block in enumerate(self.blocks):
             x, kv = block(x, mask, None if cache is None else cache[i], write_slots)
             new_cache.append(kv)
-        return self.head(self.ln_f(x)), new_cache
+        return self.ln_f(x), new_cache
 
 
 def causal_mask(lengths: Tensor, width: int) -> Tensor:

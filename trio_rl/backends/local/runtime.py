@@ -25,12 +25,16 @@ class BackendRuntime:
         log_dir: where checkpoints are written.
         seed: seeds the draws for unseeded requests and unseeded training clients.
         max_batch_rows: most sampled rows one engine decodes together.
+        prefix_cache_bytes: bound of each sampling engine's cache of prefilled prompts.
     """
 
-    def __init__(self, log_dir: Path, seed: int, max_batch_rows: int) -> None:
+    def __init__(self, log_dir: Path, seed: int, max_batch_rows: int, prefix_cache_bytes: int = 64 << 20) -> None:
+        if prefix_cache_bytes < 0:
+            raise ValueError("prefix_cache_bytes must not be negative")
         self.log_dir = log_dir
         self.rng = random.Random(seed)
         self.max_batch_rows = max_batch_rows
+        self.prefix_cache_bytes = prefix_cache_bytes
         # One torch job at a time: torch already uses every core inside a job,
         # and two jobs at once would only fight over them.
         self.limiter = trio.CapacityLimiter(1)

@@ -37,8 +37,9 @@ import torch
 from tinker import types as tinker_types
 from torch import Tensor
 
-from trio_rl.backends.local.batching import BatchingEngine, Request, pick_tokens, row_seed
+from trio_rl.backends.local.batching import BatchingEngine, pick_tokens, row_seed
 from trio_rl.backends.local.model import KVCache, TransformerLM, causal_mask
+from trio_rl.backends.local.prefix_cache import Prefill
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
@@ -113,22 +114,32 @@ class SamplingEngine(BatchingEngine):
         out: Tensor = logits[:, 0]
         return out
 
-    def _prefill(self, admit: list[Request]) -> Tensor:
-        lengths = torch.tensor([len(r.prompt) for r in admit])
+    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
+        lengths = torch.tensor([len(p) for p in prompts])
         width = int(lengths.max())
-        tokens = torch.zeros(len(admit), width, dtype=torch.long)
-        for i, request in enumerate(admit):
-            tokens[i, : len(request.prompt)] = torch.tensor(request.prompt)
-        positions = torch.arange(width).expand(len(admit), width)
-        logits: Tensor
-        logits, kv = self._model(tokens, positions, causal_mask(lengths, width))
-        # Every sample of a request starts from the same prompt: prefill once, copy rows.
-        repeats = torch.tensor([r.num_samples for r in admit])
-        last = logits[torch.arange(len(admit)), lengths - 1].repeat_interleave(repeats, dim=0)
-        new_cache = [(k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0)) for k, v in kv]
-        new_lengths = lengths.repeat_interleave(repeats)
-        for request in admit:
-            self._new_rows(request)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt)
+        positions = torch.arange(width).expand(len(prompts), width)
+        hidden, kv = self._model.hidden(tokens, positions, causal_mask(lengths, width))
+        last = self._model.head(hidden[torch.arange(len(prompts)), lengths - 1])
+        return [
+            Prefill.copied([(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv], last[i])
+            for i, n in enumerate(lengths.tolist())
+        ]
+
+    def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
+        width = max(p.length for p in prefills)
+        index = torch.arange(len(prefills)).repeat_interleave(torch.tensor(repeats))
+        layers = range(len(prefills[0].kv))
+        new_cache = [
+            (
+                torch.cat([_pad_slots(p.kv[layer][0], width) for p in prefills])[index],
+                torch.cat([_pad_slots(p.kv[layer][1], width) for p in prefills])[index],
+            )
+            for layer in layers
+        ]
+        new_lengths = torch.tensor([p.length for p in prefills])[index]
         if self._cache:
             slots = max(self._cache[0][0].shape[2], width)
             self._cache = [
@@ -142,7 +153,6 @@ class SamplingEngine(BatchingEngine):
             self._cache = new_cache
         self._lengths = torch.cat([self._lengths, new_lengths])
         self._last = torch.cat([self._last, torch.zeros(len(new_lengths), dtype=torch.long)])
-        return last
 
 
 def _pad_slots(t: Tensor, slots: int) -> Tensor:
