@@ -102,3 +102,14 @@ def test_the_final_rows_sampler_weights_outlive_the_run(tmp_path: Path) -> None:
     gc.collect()
     assert result.checkpoint is not None and result.checkpoint.name == "final"
     assert result.checkpoint.sampler_path is not None and Path(result.checkpoint.sampler_path).is_dir()
+
+
+def test_prompt_tokens_served_from_the_prefix_cache_are_counted_as_prefill_cached(tmp_path: Path) -> None:
+    model = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    result = run_arithmetic(tmp_path, 2, model=model, learning_rate=3e-3)
+    for record in result.step_metrics:
+        cached, uncached = record["tokens/prefill_cached"], record["tokens/prefill_uncached"]
+        # A group's 8 envs share one prompt: the engine prefills it once and serves the rest from its cache.
+        assert cached > 0, record
+        assert cached + uncached == record["env/all/total_ob_tokens"], record
+        assert uncached < record["env/all/total_ob_tokens"] / 2, record

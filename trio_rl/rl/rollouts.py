@@ -115,6 +115,8 @@ class SamplingPolicy:
             maybe_logprobs=sequence.logprobs,
             stop_reason=sequence.stop_reason,
             sequence_id=getattr(sequence, "sequence_id", None),
+            # Older SDKs' responses have no such field; the cookbook reads it the same way.
+            prompt_cache_hit_tokens=getattr(response, "prompt_cache_hit_tokens", None) or 0,
         )
 
 

@@ -94,7 +94,7 @@ class TokenCounts:
 
     Attributes:
         sampled: tokens the sampler returned (action tokens).
-        prefill_cached: prompt tokens served from a prefix cache (no backend reports them: 0).
+        prefill_cached: prompt tokens a sampler served from its prefix cache (``SampleResponse.prompt_cache_hit_tokens``).
         prefill_uncached: prompt tokens of sampling and reference-scoring requests.
         trained: tokens of the Datums sent to ``forward_backward``.
     """
@@ -119,13 +119,14 @@ class TokenCounts:
 
 def rollout_tokens(groups: Sequence[FinishedGroup]) -> TokenCounts:
     """What sampling (and reference scoring) of ``groups`` used."""
-    sampled = prefill = 0
+    sampled = cached = prefill = 0
     for g in groups:
         sampled += g.summary.ac_tokens
-        prefill += g.summary.ob_tokens
+        cached += g.summary.cached_ob_tokens
+        prefill += g.summary.ob_tokens - g.summary.cached_ob_tokens
         if g.reference_diffs is not None:
             prefill += sum(compat.token_count(d.model_input) + 1 for d in g.data)
-    return TokenCounts(sampled=sampled, prefill_uncached=prefill)
+    return TokenCounts(sampled=sampled, prefill_cached=cached, prefill_uncached=prefill)
 
 
 def step_tokens(trained: Sequence[FinishedGroup], submitted: Sequence[Sequence[tinker_types.Datum]]) -> TokenCounts:

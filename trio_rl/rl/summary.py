@@ -33,6 +33,7 @@ class GroupSummary(NamedTuple):
         transitions: transitions over all trajectories (the group's turns).
         ac_tokens: action tokens over all transitions.
         ob_tokens: observation tokens over all transitions.
+        cached_ob_tokens: of those, the ones the sampler served from its prefix cache.
         transition_metrics: every transition's metrics, as ``(key, value)`` in order.
         group_metrics: the group's ``compute_group_rewards`` metrics, as ``(key, value)`` in order.
         initial_overflows: trajectories that ended at once on an overflowing prompt.
@@ -47,11 +48,12 @@ class GroupSummary(NamedTuple):
     group_metrics: tuple[tuple[str, float], ...]
     initial_overflows: int
     rollout_errors: tuple[RolloutError, ...]
+    cached_ob_tokens: int = 0
 
     @classmethod
     def of(cls, group: TrajectoryGroup) -> GroupSummary:
         """The summary of ``group``."""
-        transitions = ac_tokens = ob_tokens = overflows = 0
+        transitions = ac_tokens = ob_tokens = cached = overflows = 0
         values: list[tuple[str, float]] = []
         for trajectory in group.trajectories_G:
             overflows += is_initial_overflow(trajectory)
@@ -59,6 +61,7 @@ class GroupSummary(NamedTuple):
                 transitions += 1
                 ac_tokens += len(transition.ac.tokens)
                 ob_tokens += compat.token_count(transition.ob)
+                cached += transition.ac.prompt_cache_hit_tokens
                 values.extend((key, float(value)) for key, value in transition.metrics.items())
         return cls(
             total_rewards=tuple(group.get_total_rewards()),
@@ -69,6 +72,7 @@ class GroupSummary(NamedTuple):
             group_metrics=tuple((k, float(v)) for metrics in group.metrics_G for k, v in metrics.items()),
             initial_overflows=overflows,
             rollout_errors=tuple(group.rollout_errors),
+            cached_ob_tokens=cached,
         )
 
     @property
