@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,41 @@ async def test_evaluations_due_at_a_cancel_run_after_the_resume(log_path: Path, 
     assert evaluated == [0, 2, 4, 6, 8, 10]
     # Each one evaluated its own weights.
     assert all(r["test/version"] == r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "test/version" in r)
+
+
+def run_with_scheduling_seed(
+    seed: int, mode: str, log_path: Path, **overrides: Any
+) -> tuple[list[dict[str, Any]], str]:
+    """One run with Trio's scheduler drawing from ``random.Random(seed)``: its records (less time/*) and checkpoint rows."""
+    spec = FakeEnvSpec(fail_at={(b, g): "step" for b in range(5) for g in (0, 3)})
+    config = make_config(log_path, mode, rollout_error_tolerance=RetryOnFailure(max_retries=1), **overrides)
+    original = trio._core._run._r  # type: ignore[attr-defined]
+    trio._core._run._r = random.Random(seed)  # type: ignore[attr-defined]
+    try:
+        trio.run(
+            run_fake,
+            config,
+            FakeDataset(5, 4, spec),
+            FakeBackend(train_latency=1.0),
+            clock=MockClock(autojump_threshold=0),
+        )
+    finally:
+        trio._core._run._r = original  # type: ignore[attr-defined]
+    records = [
+        {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(log_path / "metrics.jsonl")
+    ]
+    return records, (log_path / "checkpoints.jsonl").read_text()
+
+
+def test_skip_counts_in_step_records_do_not_depend_on_trio_task_order(tmp_path: Path) -> None:
+    # Pace at K=1: step 1's groups fail at the same instant as step 0's.
+    runs = [run_with_scheduling_seed(seed, "pace", tmp_path / str(seed))[0] for seed in range(6)]
+    assert all(records == runs[0] for records in runs)
+    assert any(r.get("rollout_errors/groups_skipped") for r in runs[0])
+
+
+@pytest.mark.parametrize("mode", ["sync", "requeue"])
+def test_checkpoint_rows_do_not_depend_on_trio_task_order(tmp_path: Path, mode: str) -> None:
+    rows = [run_with_scheduling_seed(seed, mode, tmp_path / str(seed), save_every=1)[1] for seed in range(6)]
+    assert all(r == rows[0] for r in rows)
+    assert rows[0].count("\n") >= 4

@@ -484,6 +484,12 @@ class GroupIntake:
             self._sort_ready(step)
         return self._schedule.next_minibatch(step)
 
+    async def sort_this_instant(self, step: int) -> None:
+        """Sort, for ``step``, every group delivered by the end of the current instant."""
+        if not self.ended:
+            await settle()
+            self._sort_ready(step)
+
     async def stop(self) -> None:
         """Cancel the rollouts still running and drop what they deliver: those items stay owed, and a resume samples them."""
         self._stop_rollouts.cancel()
@@ -593,6 +599,11 @@ class Trainer:
             done = await self._train_step()
             if done is None:
                 return False
+            if max_steps is None or done.step + 1 < max_steps:
+                # A later step's group skipped, filtered or resampled at this
+                # instant is in this record whatever Trio's task order (past
+                # max_steps nothing more is sorted: those groups are cancelled).
+                await self._intake.sort_this_instant(done.step + 1)
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
