@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from ..backends.protocol import TrainingClient
-from .determinism import settle
+from .determinism import TRAINER_FIRST, settle
 from .jsonl import DamagedFileError, open_for_append, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
@@ -192,7 +192,7 @@ class CheckpointKeeper:
         path = self._last[1]
         ledger = self._ledger
         # Hand-outs due at this instant are in the row or not whatever Trio's task order.
-        await settle()
+        await settle(TRAINER_FIRST)
         ledger.read_notes()
         version, sampler = self._weights.latest()
         record = CheckpointRecord(

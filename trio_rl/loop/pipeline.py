@@ -55,7 +55,7 @@ from ..rl.summary import GroupSummary
 from ..types import Metrics, TrajectoryGroup
 from .channels import closed_unless_crashed, ready, send_downstream
 from .checkpoints import CheckpointKeeper, CheckpointRecord
-from .determinism import derive_seed, settle
+from .determinism import TRAINER_FIRST, derive_seed, settle
 from .evaluation import EvalRequests, EvalSchedule, OwedEvaluations, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
 from .items import DatasetItems
@@ -480,14 +480,14 @@ class GroupIntake:
             except trio.EndOfChannel:
                 self.ended = True
         if need is Need.THIS_INSTANT and not self.ended:
-            await settle()
+            await settle(TRAINER_FIRST)
             self._sort_ready(step)
         return self._schedule.next_minibatch(step)
 
     async def sort_this_instant(self, step: int) -> None:
         """Sort, for ``step``, every group delivered by the end of the current instant."""
         if not self.ended:
-            await settle()
+            await settle(TRAINER_FIRST)
             self._sort_ready(step)
 
     async def stop(self) -> None:

@@ -276,6 +276,13 @@ async def _owed_evaluations(
     One whose weights were not saved by name cannot be run again; it is named in a warning.
     """
     owed = begin.resumed_from.owed_evaluations if begin.resumed_from is not None and has_evaluators else []
+    if owed:
+        # Those that finished after the row was written are in the log already.
+        metrics_path = Path(config.log_path) / run_folder.METRICS_FILE
+        done = (
+            {r["step"] for r in read_records(metrics_path) if "time/run_evals" in r} if metrics_path.exists() else set()
+        )
+        owed = [(version, path) for version, path in owed if version not in done]
     clients: list[tuple[int, SamplingClient]] = []
     for version, path in owed:
         if path is None:
