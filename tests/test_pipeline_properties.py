@@ -36,7 +36,7 @@ from trio_rl.loop.determinism import derive_seed
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 
 VIRTUAL_DEADLINE_S = 100_000.0
-EXAMPLES = int(os.environ.get("TRIO_RL_HYPOTHESIS_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("TRIO_RL_HYPOTHESIS_EXAMPLES", "150"))
 
 
 class InjectedCrash(Exception):
