@@ -33,7 +33,7 @@ async def test_rows_carry_the_cookbook_fields_then_trio_rls(log_path: Path, auto
     assert [r["batch"] for r in rows] == [2, 3]
     for row in rows:
         assert tuple(row)[:6] == COOKBOOK_FIELDS
-        assert set(row) - set(COOKBOOK_FIELDS) == {"step", "cursor", "outstanding", "final", "reason"}
+        assert set(row) - set(COOKBOOK_FIELDS) == {"step", "cursor", "outstanding", "final", "reason", "counts", "owed_evaluations"}
         assert set(row["cumulative_tokens"]) == set(row["discarded_tokens"]) == TOKEN_KINDS
         assert row["sampler_path"] == f"fake://sampler/{row['batch']:06d}"
     # The totals are those of the metrics at the same step.

@@ -36,7 +36,7 @@ def test_pace_waits_for_every_group_of_its_step_then_trains_them_in_admission_or
     assert [pace.sort(d, 0) for d in arrivals] == [Verdict.KEEP, Verdict.SKIP, Verdict.KEEP]
     assert pace.need(0, ended=False) is Need.ANOTHER_GROUP  # group 0 is still out
     assert pace.sort(_finished(_item(0, step=0, step_size=3), 0), 0) is Verdict.KEEP
-    assert pace.need(0, ended=False) is Need.NOTHING
+    assert pace.need(0, ended=False) is Need.THIS_INSTANT  # complete: decided after this instant
     minibatch = pace.next_minibatch(0)
     assert minibatch is not None and minibatch.optim_step and minibatch.skipped == 1
     assert [g.item.order for g in minibatch.groups] == [0, 2]

@@ -363,7 +363,9 @@ class FakeTrainingClient:
         backend = self._backend
         backend._record("save_weights_for_sampler", self.version, name=name)
         await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))
-        return FakeSamplingClient(backend, self.version, f"fake://sampler/{name}")
+        path = f"fake://sampler/{name}"
+        backend.samplers[path] = self.version
+        return FakeSamplingClient(backend, self.version, path)
 
     async def save_state(self, name: str) -> str:
         backend = self._backend
@@ -456,6 +458,8 @@ class FakeBackend:
         self.response_length = response_length
         self.calls: list[FakeCall] = []
         self.states: dict[str, int] = {}
+        self.samplers: dict[str, int] = {}
+        """The weights version of each sampler saved by name, for ``create_sampling_client``."""
         self.fail_sample: BaseException | None = None
         self.fail_train: BaseException | None = None
         modelled = sample_slots is not None or token_latency > 0 or response_length is not None
@@ -512,7 +516,7 @@ class FakeBackend:
         """A client for the initial weights (version 0), or for a saved sampler's version."""
         await trio.lowlevel.checkpoint()
         self._record("create_sampling_client", 0, base_model=base_model, model_path=model_path)
-        return FakeSamplingClient(self, version=0, model_path=model_path)
+        return FakeSamplingClient(self, version=self.samplers.get(model_path or "", 0), model_path=model_path)
 
 
 # ---------------------------------------------------------------- fake envs

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from ..backends.protocol import TrainingClient
+from .determinism import TRAINER_FIRST, settle
 from .jsonl import DamagedFileError, open_for_append, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
@@ -42,6 +45,11 @@ class CheckpointRecord:
             dropped when the state was saved; a resumed run samples them first.
         final: whether the run ended here.
         reason: why it was saved (``"periodic"``, ``"final"``, ``"cancelled"``).
+        counts: the run's group counts when it was saved (trained, skipped,
+            dropped, requeued, filtered, ...), which a resumed run continues from,
+            as it continues ``cumulative_tokens``.
+        owed_evaluations: ``(step, sampler_path)`` of evaluations that were due
+            and not yet recorded when the state was saved; a resumed run runs them.
     """
 
     name: str
@@ -55,6 +63,8 @@ class CheckpointRecord:
     outstanding: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
     final: bool = False
     reason: str = "periodic"
+    counts: dict[str, Any] = field(default_factory=dict[str, Any])
+    owed_evaluations: list[tuple[int, str | None]] = field(default_factory=list[tuple[int, str | None]])
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -100,6 +110,7 @@ def _parse(raw: dict[str, object], path: Path, number: int) -> CheckpointRecord:
         fields["cursor"] = tuple(fields.get("cursor", (batch, 0)))  # type: ignore[arg-type]
         fields["outstanding"] = [tuple(item) for item in fields.get("outstanding", [])]  # type: ignore[attr-defined]
         fields["final"] = bool(fields.get("final", False))
+        fields["owed_evaluations"] = [(int(s), p) for s, p in fields.get("owed_evaluations", [])]  # type: ignore[attr-defined]
         return CheckpointRecord(**fields)  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise DamagedFileError(
@@ -144,9 +155,20 @@ class CheckpointKeeper:
         """The final checkpoint, once written."""
 
     async def save(
-        self, step: int, *, final: bool, reason: str, tokens: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self,
+        step: int,
+        *,
+        final: bool,
+        reason: str,
+        tokens: tuple[dict[str, int], dict[str, int]] = ({}, {}),
+        counts: dict[str, Any] | None = None,
+        owed_evaluations: Callable[[], list[tuple[int, str | None]]] = list,
     ) -> CheckpointRecord | None:
         """Save the state after ``step`` steps and record it, with the cumulative and discarded ``tokens``.
+
+        ``counts`` are the run's group counts, which must agree with the ledger
+        (the trainer, which alone retires items, is the caller); ``owed_evaluations``
+        is asked once the state is saved, for the evaluations still due then.
 
         A ``"cancelled"`` save is called from the trainer's shielded scope whose
         deadline is ``cancel_save_timeout``; it runs under that deadline, unshielded.
@@ -169,6 +191,8 @@ class CheckpointKeeper:
                 return None
         path = self._last[1]
         ledger = self._ledger
+        # Hand-outs due at this instant are in the row or not whatever Trio's task order.
+        await settle(TRAINER_FIRST)
         ledger.read_notes()
         version, sampler = self._weights.latest()
         record = CheckpointRecord(
@@ -183,6 +207,8 @@ class CheckpointKeeper:
             outstanding=[(k.batch, k.group) for k in ledger.outstanding],
             final=final,
             reason=reason,
+            counts=dict(counts or {}),
+            owed_evaluations=owed_evaluations(),
         )
         self._log.append(record)
         if final:

@@ -70,20 +70,59 @@ class EvalSchedule:
         return True
 
 
+class OwedEvaluations:
+    """Evaluations requested and not yet recorded, by weights version, with the sampler path of each.
+
+    The trainer adds a version when it asks for its evaluation, the evaluator
+    removes it once its record is written. A checkpoint saves what is owed at
+    that moment, so a cancel while evaluations wait or run loses none of them:
+    the resumed run asks for them first.
+    """
+
+    def __init__(self) -> None:
+        self._owed: dict[int, str | None] = {}
+
+    def add(self, version: int, client: SamplingClient) -> None:
+        """``version``'s evaluation was asked for."""
+        self._owed[version] = client.model_path
+
+    def done(self, version: int) -> None:
+        """``version``'s evaluation is recorded."""
+        self._owed.pop(version, None)
+
+    def before(self, step: int) -> list[tuple[int, str | None]]:
+        """``(version, sampler_path)`` of the evaluations owed of versions before ``step``, oldest first.
+
+        A resumed run evaluates its start step and later ones as it reaches
+        them, so only the older ones are owed across a checkpoint.
+        """
+        return sorted((v, path) for v, path in self._owed.items() if v < step)
+
+
 class EvalRequests:
     """The trainer's side of the evaluator channel."""
 
     def __init__(
-        self, schedule: EvalSchedule, send: trio.MemorySendChannel[tuple[int, SamplingClient]], weights: LatestWeights
+        self,
+        schedule: EvalSchedule,
+        send: trio.MemorySendChannel[tuple[int, SamplingClient]],
+        weights: LatestWeights,
+        owed: OwedEvaluations | None = None,
     ) -> None:
         self._schedule = schedule
         self._send = send
         self._weights = weights
+        self.owed = owed if owed is not None else OwedEvaluations()
 
     async def request_if_due(self, version: int, *, final: bool = False) -> None:
         """Send ``version``'s sampling client to the evaluator if its evaluation is due."""
         if self._schedule.due(version, final=final):
-            await send_downstream(self._send, (version, self._weights.latest()[1]))
+            await self.request(version, self._weights.latest()[1])
+
+    async def request(self, version: int, client: SamplingClient) -> None:
+        """Send ``client`` to be evaluated as version ``version`` (one owed from before a resume)."""
+        self.owed.add(version, client)
+        await send_downstream(self._send, (version, client))
 
     def close(self) -> None:
         """No more requests: the evaluator ends once it has done those sent."""

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import trio
 
@@ -44,7 +45,6 @@ from ..rl.kl import reference_logprob_diffs
 from ..rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ..rl.step_metrics import (
     RunCounts,
-    TokenCounts,
     final_record,
     group_metrics,
     rollout_tokens,
@@ -55,8 +55,8 @@ from ..rl.summary import GroupSummary
 from ..types import Metrics, TrajectoryGroup
 from .channels import closed_unless_crashed, ready, send_downstream
 from .checkpoints import CheckpointKeeper, CheckpointRecord
-from .determinism import derive_seed, settle
-from .evaluation import EvalRequests, EvalSchedule, SamplingClientEvaluator, evaluate
+from .determinism import TRAINER_FIRST, derive_seed, settle
+from .evaluation import EvalRequests, EvalSchedule, OwedEvaluations, SamplingClientEvaluator, evaluate
 from .gate import ConsumptionGate
 from .items import DatasetItems
 from .ledger import DataLedger
@@ -118,8 +118,8 @@ class TrainerSettings:
     """The steps the run expects in all (for ``progress/done_frac``), when known."""
     learning_rate: float | None = None
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
-    start_tokens: tuple[TokenCounts, TokenCounts] = (TokenCounts(), TokenCounts())
-    """Cumulative and discarded tokens before this run (from the checkpoint resumed)."""
+    start_counts: RunCounts = field(default_factory=RunCounts)
+    """Group and token counts before this run (from the checkpoint resumed), which this run continues."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ class Evaluation:
     evaluators: tuple[SamplingClientEvaluator, ...]
     every: int
     timeout: float
+    owed: tuple[tuple[int, SamplingClient], ...] = ()
+    """Evaluations a resumed run owes from before its checkpoint: each version and its weights."""
 
 
 @dataclass(frozen=True)
@@ -169,18 +171,53 @@ async def run_pipeline(
     )
     evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
     stop_rollouts = trio.CancelScope()
-    nursery.start_soon(evaluator, evaluation, evals_recv, run.metrics)
+    owed = OwedEvaluations()
+    crashes = Crashes()
+    nursery.start_soon(crashes.watch, evaluator(evaluation, evals_recv, run.metrics, owed))
     workers = WorkerPool(items_send, items_recv, groups_send, rollout, run)
-    nursery.start_soon(dataloader_with_workers, stop_rollouts, items, run, workers, resample_recv)
-    with groups_recv, evals_send, resample_send if resample_send is not None else nullcontext():
+    nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, items, run, workers, resample_recv))
+    # A crashing trainer leaves its channels open, so that no stage mistakes
+    # the crash for the end of data (and raises beside it).
+    with closed_unless_crashed(*(c for c in (groups_recv, evals_send, resample_send) if c is not None)):
+        evals = EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights, owed)
         return await Trainer(
             trainer,
             run=run,
             intake=GroupIntake(groups_recv, run, resample_send, stop_rollouts),
             runner=runner,
             checkpoints=checkpoints,
-            evals=EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights),
+            evals=evals,
+            crashes=crashes,
+            owed_evaluations=evaluation.owed,
         ).run()
+
+
+class Crashes:
+    """Whether a stage of the run crashed, as the stages around the trainer are watched for it.
+
+    A crash cancels the trainer as a cancel from outside does, and Trio's
+    nursery cancels its own scope in both cases (a child leaving with
+    ``Cancelled`` counts), so only the stages' own exits tell them apart.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    async def watch(self, stage: Coroutine[Any, Any, None]) -> None:
+        """Run ``stage``, noting whether it ended in an error (rather than a cancellation)."""
+        try:
+            await stage
+        except BaseException as exc:
+            if _has_error(exc):
+                # Set before the error reaches the nursery, so before the trainer is cancelled.
+                self.seen = True
+            raise
+
+
+def _has_error(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_has_error(e) for e in exc.exceptions)
+    return isinstance(exc, Exception)
 
 
 # ---------------------------------------------------------------- dataloader
@@ -443,9 +480,15 @@ class GroupIntake:
             except trio.EndOfChannel:
                 self.ended = True
         if need is Need.THIS_INSTANT and not self.ended:
-            await settle()
+            await settle(TRAINER_FIRST)
             self._sort_ready(step)
         return self._schedule.next_minibatch(step)
+
+    async def sort_this_instant(self, step: int) -> None:
+        """Sort, for ``step``, every group delivered by the end of the current instant."""
+        if not self.ended:
+            await settle(TRAINER_FIRST)
+            self._sort_ready(step)
 
     async def stop(self) -> None:
         """Cancel the rollouts still running and drop what they deliver: those items stay owed, and a resume samples them."""
@@ -508,32 +551,43 @@ class Trainer:
         runner: StepRunner,
         checkpoints: CheckpointKeeper,
         evals: EvalRequests,
+        crashes: Crashes,
+        owed_evaluations: Sequence[tuple[int, SamplingClient]] = (),
     ) -> None:
         self._settings = settings
+        self._crashes = crashes
+        self._owed_evaluations = owed_evaluations
         self._run = run
         self._intake = intake
         self._runner = runner
         self._checkpoints = checkpoints
         self._evals = evals
         self.step = run.start_step
-        self.counts = RunCounts(cumulative_tokens=settings.start_tokens[0], discarded_tokens=settings.start_tokens[1])
+        self.counts = settings.start_counts
         self._started = time.perf_counter()
 
     async def run(self) -> TrainerOutcome:
         """Train until the data runs out or ``max_steps``, then evaluate and save the final weights."""
         try:
+            for version, client in self._owed_evaluations:
+                await self._evals.request(version, client)
             await self._evals.request_if_due(self.step)
             stopped = await self._train_steps()
             # At max_steps the rollouts still running are of no use.
             await self._intake.stop()
             return await self._finish(stopped)
         except trio.Cancelled:
-            if self._settings.save_on_cancel and self._checkpoints.final is None:
+            # A crash is no end of data: nothing is saved after it.
+            crashed = self._crashes.seen
+            if self._settings.save_on_cancel and self._checkpoints.final is None and not crashed:
                 with trio.move_on_after(self._settings.cancel_save_timeout, shield=True):
                     interrupted = await self._runner.finish_interrupted(self._summarize)
                     if interrupted is not None:
                         self._record(interrupted)
-                    await self._checkpoints.save(self.step, final=True, reason="cancelled", tokens=self._tokens())
+                    # Groups skipped, filtered or dropped since the last record are
+                    # retired from the ledger: the row must count them.
+                    self.counts = self._tally(self.counts)
+                    await self._save(final=True, reason="cancelled")
             raise
 
     async def _train_steps(self) -> bool:
@@ -545,13 +599,18 @@ class Trainer:
             done = await self._train_step()
             if done is None:
                 return False
+            if max_steps is None or done.step + 1 < max_steps:
+                # A later step's group skipped, filtered or resampled at this
+                # instant is in this record whatever Trio's task order (past
+                # max_steps nothing more is sorted: those groups are cancelled).
+                await self._intake.sort_this_instant(done.step + 1)
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
             self._run.gate.consume(len(done.taken))
             every = self._settings.save_every
             if every and self.step % every == 0:
-                await self._checkpoints.save(self.step, final=False, reason="periodic", tokens=self._tokens())
+                await self._save(final=False, reason="periodic")
             await self._evals.request_if_due(self.step)
         return True
 
@@ -563,23 +622,33 @@ class Trainer:
             await self._runner.submit(minibatch)
         return await self._runner.finish(self._summarize)
 
-    def _tokens(self) -> tuple[dict[str, int], dict[str, int]]:
-        return asdict(self.counts.cumulative_tokens), asdict(self.counts.discarded_tokens)
+    async def _save(self, *, final: bool, reason: str) -> CheckpointRecord | None:
+        """Save the state with the counts so far, which must already include every group retired from the ledger."""
+        counts = self.counts
+        return await self._checkpoints.save(
+            self.step,
+            final=final,
+            reason=reason,
+            tokens=(asdict(counts.cumulative_tokens), asdict(counts.discarded_tokens)),
+            counts=counts.to_json(),
+            owed_evaluations=lambda: self._evals.owed.before(self.step),
+        )
 
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
 
     def _tally(self, counts: RunCounts, filtered: Sequence[FinishedGroup] = ()) -> RunCounts:
         """``counts`` with every group fate counted since: the intake's and the ledger's, and ``filtered`` (a step's own)."""
-        intake = self._intake
+        intake, start = self._intake, self._settings.start_counts
         filtered = [*filtered, *intake.take_filtered()]
         discarded = rollout_tokens(filtered)
+        # The intake and the ledger count this run's groups; a resumed run adds them to the checkpoint's.
         return replace(
             counts,
-            requeued=intake.requeued,
-            dropped_stale=intake.dropped_stale,
-            groups_skipped=intake.groups_skipped,
-            empty_batches=self._run.ledger.empty_batches,
+            requeued=start.requeued + intake.requeued,
+            dropped_stale=start.dropped_stale + intake.dropped_stale,
+            groups_skipped=start.groups_skipped + intake.groups_skipped,
+            empty_batches=start.empty_batches + self._run.ledger.empty_batches,
             filtered_groups=counts.filtered_groups + len(filtered),
             cumulative_tokens=counts.cumulative_tokens + discarded,
             discarded_tokens=counts.discarded_tokens + discarded,
@@ -587,6 +656,8 @@ class Trainer:
 
     def _record(self, done: TrainedStep) -> None:
         ledger = self._run.ledger
+        # Counted before the step's own groups are retired: they were in flight until now.
+        in_flight = len(ledger.outstanding)
         ledger.retire(g.item.key for g in done.taken)
         c = self.counts
         trained_ids = {id(g) for g in done.trained}
@@ -595,7 +666,7 @@ class Trainer:
             replace(
                 c,
                 trained_groups=c.trained_groups + len(done.trained),
-                in_flight_max=max(c.in_flight_max, len(ledger.outstanding)),
+                in_flight_max=max(c.in_flight_max, in_flight),
                 error_types=c.with_errors_of(done.taken),
                 cumulative_tokens=c.cumulative_tokens + tokens,
             ),
@@ -619,7 +690,7 @@ class Trainer:
         self._run.metrics.write(self.step, final_record(self.step, stopped, counts, cancelled))
         await self._evals.request_if_due(self.step, final=True)
         self._evals.close()
-        checkpoint = await self._checkpoints.save(self.step, final=True, reason="final", tokens=self._tokens())
+        checkpoint = await self._save(final=True, reason="final")
         return TrainerOutcome(self.step, stopped, counts, cancelled, checkpoint)
 
 
@@ -630,8 +701,10 @@ async def evaluator(
     evaluation: Evaluation,
     requests: trio.MemoryReceiveChannel[tuple[int, SamplingClient]],
     metrics: MetricsLog,
+    owed: OwedEvaluations,
 ) -> None:
     """Evaluate each weights version the trainer sends, once, logging under its step."""
     with requests:
         async for version, client in requests:
             metrics.write(version, await evaluate(evaluation.evaluators, version, client, evaluation.timeout))
+            owed.done(version)

@@ -230,7 +230,10 @@ class _FixedSteps(_StepsKnownInAdvance):
         if self._planned[0] == step or ended:
             return Need.NOTHING
         complete = step in self._sizes and self._arrived(step) >= self._sizes[step]
-        return Need.NOTHING if complete else Need.ANOTHER_GROUP
+        # Complete, the step is decided after this instant's other deliveries
+        # are taken too: a later step's group skipped at the same instant frees
+        # its slot (and is counted) now, whatever Trio's task order.
+        return Need.THIS_INSTANT if complete else Need.ANOTHER_GROUP
 
     def next_minibatch(self, step: int) -> Minibatch | None:
         if self._planned[0] != step:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,19 +13,19 @@ from typing import Any
 import trio
 
 from ..asyncio_bridge import open_user_code_runner
-from ..backends.protocol import Backend, TrainingClient
+from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..config import Config
 from ..config_checks import check_loss_on_backend
 from ..errors import one_per_fault
 from ..rl.rollouts import ParamsPerCall
-from ..rl.step_metrics import TokenCounts
+from ..rl.step_metrics import RunCounts
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
 from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
 from .gate import ConsumptionGate
 from .items import DatasetItems
-from .jsonl import read_records
+from .jsonl import RunFolderWarning, read_records
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
 from .pipeline import (
@@ -75,8 +76,9 @@ class TrainResult:
         final_step: training steps completed (the version of the final weights).
         stopped_by_max_steps: whether ``max_steps`` ended the run rather than the data.
         checkpoint: the final checkpoint.
-        trained_groups: groups that went into a training step.
-        dropped_groups: groups dropped as too stale after the data ran out.
+        trained_groups: groups that went into a training step (in the whole run: a
+            resumed run continues the counts of the checkpoint it resumed from).
+        dropped_groups: groups dropped as too stale after the data ran out (likewise).
         cancelled_groups: groups handed out but never trained (rollouts cancelled at ``max_steps``).
         summary: the final-weights record: where every group went.
         metrics_path: the run's ``metrics.jsonl``.
@@ -197,7 +199,12 @@ async def train(
                     shielded=config.save_on_cancel,
                     cancel_save_timeout=config.cancel_save_timeout,
                 ),
-                evaluation=Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout),
+                evaluation=Evaluation(
+                    tuple(evaluators),
+                    config.eval_every,
+                    config.eval_timeout,
+                    owed=await _owed_evaluations(config, backend, begin, has_evaluators=bool(evaluators)),
+                ),
             )
     finally:
         if run is not None:
@@ -252,12 +259,40 @@ def _trainer_settings(
         save_on_cancel=config.save_on_cancel,
         cancel_save_timeout=config.cancel_save_timeout,
         planned_steps=planned if config.max_steps is None else min(planned, config.max_steps),
-        start_tokens=(
-            TokenCounts.from_json(resumed.cumulative_tokens if resumed else None),
-            TokenCounts.from_json(resumed.discarded_tokens if resumed else None),
-        ),
+        start_counts=RunCounts()
+        if resumed is None
+        else RunCounts.from_checkpoint(resumed.counts, resumed.cumulative_tokens, resumed.discarded_tokens),
         learning_rate=config.learning_rate,
     )
+
+
+async def _owed_evaluations(
+    config: Config, backend: Backend, begin: run_folder.Start, *, has_evaluators: bool
+) -> tuple[tuple[int, SamplingClient], ...]:
+    """The evaluations the checkpoint resumed from still owed, each with a sampling client of its weights.
+
+    One whose weights were not saved by name cannot be run again; it is named in a warning.
+    """
+    owed = begin.resumed_from.owed_evaluations if begin.resumed_from is not None and has_evaluators else []
+    if owed:
+        # Those that finished after the row was written are in the log already.
+        metrics_path = Path(config.log_path) / run_folder.METRICS_FILE
+        done = (
+            {r["step"] for r in read_records(metrics_path) if "time/run_evals" in r} if metrics_path.exists() else set()
+        )
+        owed = [(version, path) for version, path in owed if version not in done]
+    clients: list[tuple[int, SamplingClient]] = []
+    for version, path in owed:
+        if path is None:
+            warnings.warn(
+                f"the evaluation of step {version} was due when the run stopped, but its weights were not "
+                "saved by name (sampler_path), so it cannot be run now",
+                RunFolderWarning,
+                stacklevel=3,
+            )
+            continue
+        clients.append((version, await backend.create_sampling_client(base_model=config.base_model, model_path=path)))
+    return tuple(clients)
 
 
 def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights) -> StepRunner:

@@ -51,6 +51,28 @@ class RunCounts:
     cumulative_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
     discarded_tokens: TokenCounts = field(default_factory=lambda: TokenCounts())
 
+    def to_json(self) -> dict[str, Any]:
+        """The group counts, for a checkpoint row (tokens have rows of their own)."""
+        raw = asdict(self)
+        del raw["cumulative_tokens"], raw["discarded_tokens"]
+        raw["error_types"] = dict(self.error_types)
+        return raw
+
+    @classmethod
+    def from_checkpoint(
+        cls, counts: dict[str, Any] | None, cumulative: dict[str, int] | None, discarded: dict[str, int] | None
+    ) -> RunCounts:
+        """The counts a checkpoint row recorded (zeros for a row written before rows had them)."""
+        raw = dict(counts or {})
+        errors = raw.pop("error_types", {})
+        kept = {k: int(v) for k, v in raw.items() if k in cls.__dataclass_fields__}
+        return cls(
+            **kept,
+            error_types=tuple(sorted((str(k), int(v)) for k, v in dict(errors).items())),
+            cumulative_tokens=TokenCounts.from_json(cumulative),
+            discarded_tokens=TokenCounts.from_json(discarded),
+        )
+
     def with_errors_of(self, groups: Sequence[FinishedGroup]) -> tuple[tuple[str, int], ...]:
         """``error_types`` after also counting the rollout errors of ``groups``."""
         counts = Counter(dict(self.error_types))
