@@ -96,17 +96,17 @@ BEFORE: dict[str, dict[str, Any]] = {
     "arithmetic": {
         "log_path": "runs/arithmetic", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 600, "eval_every": 50,
         "save_every": 100, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace"},
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first"},
     },
     "guess_number": {
         "log_path": "runs/guess_number", "learning_rate": 2e-3, "loss_fn": "ppo", "max_tokens": 2, "max_steps": 150,
         "eval_every": 25, "save_every": 50, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "pace"},
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "oldest_first"},
     },
     "embedding": {
         "log_path": "runs/embedding", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 1000, "eval_every": 0,
         "save_every": 100, "save_on_cancel": True, "rollout_error_tolerance": {"type": "FailFast"},
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace"},
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first"},
     },
     "smollm2_addition": {
         "log_path": "runs/smollm2_addition", "base_model": "SmolLM2-135M-Instruct", "learning_rate": 2e-4,
@@ -165,7 +165,7 @@ def test_flags_that_redeclare_a_config_field_are_refused() -> None:
 def test_the_mode_flags_build_configs_structured_fields() -> None:
     args = parse_args(CommonArgs, ["--groups-per-batch", "4", "--max-steps-off-policy", "2"])
     config = make_config(args)
-    assert config.async_config == AsyncConfig(2, 4, "pace") and config.rollout_strategy() == FailFast()
+    assert config.async_config == AsyncConfig(2, 4, "oldest_first") and config.rollout_strategy() == FailFast()
     assert make_config(parse_args(CommonArgs, ["--mode", "sync"])).mode == "sync"
     # The command line's own Config: Config's defaults, a run folder, an end, and Ctrl-C saving.
     assert _changed(args.config) == {"log_path": "runs/example", "max_steps": 100, "save_on_cancel": True}
