@@ -9,10 +9,12 @@ once, and stragglers trained late (beyond K) rather than waited for or dropped.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake, straggling_group_1
@@ -266,3 +268,20 @@ async def test_each_step_trains_the_oldest_completed_groups_through_train(
         min(versions[tuple(key)] for key in call.detail["groups"]) for call in backend.calls_of("forward_backward")
     ]
     assert oldest != sorted(oldest)
+
+
+async def test_a_resumed_run_samples_every_untrained_group_again_once(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    # Cancelled while stragglers are out and completed groups wait in the pool.
+    backend = _timed_backend({1: 10.0}, train_latency=0.5)
+    config = _config(log_path, k=2, groups_per_batch=2, max_tokens=MAX_TOKENS, save_on_cancel=True)
+    with trio.move_on_after(4.2):
+        await run_fake(config, FakeDataset(6, 4), backend)
+    first = [key for step in _steps(backend) for key in step]
+    assert 0 < len(first) < 24
+    sampled_before = len(_first_samples(backend))
+    assert sampled_before > len(first)  # some were sampled, or finished, and never trained
+    await run_fake(replace(config, resume=True), FakeDataset(6, 4), backend)
+    trained = [key for step in _steps(backend) for key in step]
+    assert sorted(trained) == sorted((b, g) for b in range(6) for g in range(4))
