@@ -18,6 +18,7 @@ MODES: dict[str, dict[str, Any]] = {
     "stream": {"stream_minibatch_config": StreamMinibatchConfig(groups_per_batch=4, num_minibatches=2)},
     "requeue": {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="requeue")},
     "pace": {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="pace")},
+    "oldest_first": {"async_config": AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="oldest_first")},
 }
 """Every mode, each with 4 groups per step."""
 

@@ -125,7 +125,7 @@ def test_enum_like_flags_offer_their_choices(
 ) -> None:
     text = _help_text(load("guess_number"), monkeypatch, capsys)
     assert "{sync,stream,async}" in text
-    assert "{requeue,pace}" in text
+    assert "{oldest_first,pace,requeue}" in text
     # The losses Config.validate accepts, as the installed tinker SDK lists them.
     assert "{" + ",".join(LOSS_FNS) + "}" in text
     assert {"importance_sampling", "ppo", "cispo", "dro", "cross_entropy"} <= set(LOSS_FNS)

@@ -96,19 +96,19 @@ BEFORE: dict[str, dict[str, Any]] = {
     "arithmetic": {
         "log_path": "runs/arithmetic", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 600, "eval_every": 50,
         "save_every": 100, "save_on_cancel": True,
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace",
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
                          "loss_fn": "importance_sampling"},
     },
     "guess_number": {
         "log_path": "runs/guess_number", "learning_rate": 2e-3, "loss_fn": "ppo", "max_tokens": 2, "max_steps": 150,
         "eval_every": 25, "save_every": 50, "save_on_cancel": True,
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "pace",
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "oldest_first",
                          "loss_fn": "ppo"},
     },
     "embedding": {
         "log_path": "runs/embedding", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 1000, "eval_every": 0,
         "save_every": 100, "save_on_cancel": True,
-        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "pace",
+        "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
                          "loss_fn": "importance_sampling"},
     },
     "smollm2_addition": {
@@ -169,7 +169,7 @@ def test_flags_that_redeclare_a_config_field_are_refused() -> None:
 def test_the_mode_flags_build_configs_structured_fields() -> None:
     args = parse_args(CommonArgs, ["--groups-per-batch", "4", "--max-steps-off-policy", "2"])
     config = make_config(args)
-    assert config.async_config == AsyncConfig(2, 4, "pace", loss_fn=config.loss_fn)
+    assert config.async_config == AsyncConfig(2, 4, "oldest_first", loss_fn=config.loss_fn)
     assert config.rollout_strategy() == FailFast()
     assert make_config(parse_args(CommonArgs, ["--mode", "sync"])).mode == "sync"
     # The command line's own Config: Config's defaults, a run folder, an end, and Ctrl-C saving.

@@ -26,7 +26,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
     [
         ({"async_config": AsyncConfig(-1, 4)}, "async_config.max_steps_off_policy", "K must be >= 0"),
         ({"async_config": AsyncConfig(1, 0)}, "async_config.groups_per_batch", "at least 1"),
-        ({"async_config": AsyncConfig(1, 4, staleness="drop")}, "async_config.staleness", "'requeue' or 'pace'"),
+        ({"async_config": AsyncConfig(1, 4, staleness="drop")}, "async_config.staleness", "'oldest_first', 'pace' or 'requeue'"),
         ({"async_config": AsyncConfig(1, 6), "num_substeps": 4}, "async_config.groups_per_batch", "multiple of 4"),
         ({"stream_minibatch_config": StreamMinibatchConfig(4, 3)}, "stream_minibatch_config.groups_per_batch", "multiple of 3"),
         ({"stream_minibatch_config": StreamMinibatchConfig(8, 2)}, "stream_minibatch_config.groups_per_batch", "make them equal"),
@@ -64,7 +64,7 @@ def test_rollout_error_tolerance_takes_the_cookbook_values(tmp_path: Path) -> No
 
 
 def test_the_default_async_policy_is_pace() -> None:
-    assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "pace"
+    assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "oldest_first"
 
 
 def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ class InjectedCrash(Exception):
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict[str, Any]:
-    mode = draw(st.sampled_from(["sync", "stream", "requeue", "pace"]))
+    mode = draw(st.sampled_from(["sync", "stream", "requeue", "pace", "oldest_first"]))
     batch_sizes = draw(st.lists(st.integers(1, 6), min_size=0, max_size=6))
     keys = [(b, g) for b, size in enumerate(batch_sizes) for g in range(size)]
     crash = None
@@ -86,7 +86,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 def build(s: dict[str, Any], log_path: Path) -> tuple[Config, FakeDataset, FakeBackend]:
     mode = s["mode"]
     extra: dict[str, Any] = {}
-    if mode in ("requeue", "pace"):
+    if mode in ("requeue", "pace", "oldest_first"):
         extra["async_config"] = AsyncConfig(s["k"], s["groups_per_batch"], staleness=mode)
     elif mode == "stream":
         first = s["batch_sizes"][0] if s["batch_sizes"] else 1

@@ -23,7 +23,7 @@ EXPECTED = {
     "assemble_training_data", "compute_advantages", "remove_constant_reward_groups", "trajectory_to_data",
     "trajectory_metrics", "derive_seed",
     # configuration and schedules
-    "AsyncConfig", "Config", "StreamMinibatchConfig", "KLReferenceConfig", "Schedule", "Sync", "Stream", "Pace", "Requeue",
+    "AsyncConfig", "Config", "StreamMinibatchConfig", "KLReferenceConfig", "Schedule", "Sync", "Stream", "OldestFirst", "Pace", "Requeue",
     # errors
     "ConfigError", "EvaluationTimeoutError", "GroupFailedError",
     # the client protocol and evaluators

@@ -15,6 +15,7 @@ from .loop.checkpoints import CheckpointLog, CheckpointRecord
 from .loop.determinism import derive_seed
 from .loop.evaluation import SamplingClientEvaluator
 from .loop.gc_policy import tune_gc_for_training
+from .loop.oldest_first import OldestFirst
 from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
 from .loop.train import RunHandle, TrainResult, run, train
 from .rl.data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
@@ -81,6 +82,7 @@ __all__ = [
     "Metrics",
     "MinViableGroup",
     "Observation",
+    "OldestFirst",
     "Pace",
     "ParamsPerCall",
     "PendingResult",

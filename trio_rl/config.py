@@ -11,6 +11,7 @@ from tinker import types as tinker_types
 from . import config_json
 from .asyncio_bridge import BridgeMode
 from .config_checks import LOSS_FNS, check_async_config, check_stream_config, validate_config
+from .loop.oldest_first import OldestFirst
 from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
 from .rl.kl import KLReferenceConfig
 from .rl.rollouts import (
@@ -55,12 +56,18 @@ class AsyncConfig:
         max_steps_off_policy: K, how many steps behind the trainer a group's
             sampling weights may be when it is trained.
         groups_per_batch: groups per training step.
-        staleness: ``"pace"`` (the default; the strict bound of tinker-cookbook
-            PR #822, unreleased, not 0.6.1's loop) fixes each group's step when it
-            is handed out and never starts a group that could end up more than K
-            steps stale, so no completed group is discarded, but a step waits for
-            its stragglers; ``"requeue"`` (the cookbook 0.5.5 behaviour) resamples groups more than K steps stale while the
-            dataset still has data and drops them (counted) afterwards.
+        staleness: ``"oldest_first"`` (the default; tinker-cookbook 0.6.1's
+            ``do_async_training``): ``groups_per_batch * (K + 1)`` rollout slots,
+            each step trains the ``groups_per_batch`` completed groups sampled
+            from the oldest weights, leftovers carry over, a slow group is
+            trained when it finishes however stale (K bounds the slots, not the
+            staleness) and nothing is discarded; ``"pace"`` (the strict bound
+            of tinker-cookbook PR #822, unreleased) fixes each group's step
+            when it is handed out and never starts a group that could end up
+            more than K steps stale, so a step waits for its stragglers;
+            ``"requeue"`` (tinker-cookbook 0.5.5) resamples groups more than K
+            steps stale while the dataset still has data and drops them
+            (counted) afterwards.
         loss_fn: the loss async runs train with, in place of ``Config.loss_fn``, as in
             tinker-cookbook 0.6.1 (default ``"stable_reinforce"``, which needs the tinker
             SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so
@@ -70,7 +77,7 @@ class AsyncConfig:
 
     max_steps_off_policy: int
     groups_per_batch: int
-    staleness: Literal["pace", "requeue"] = "pace"
+    staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
     loss_fn: str = "stable_reinforce"
 
     def validate(self, num_substeps: int) -> None:
@@ -182,6 +189,10 @@ class Config:
         """
         if self.async_config is not None:
             ac = self.async_config
+            if ac.staleness == "oldest_first":
+                return OldestFirst(
+                    ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy, self.remove_constant_reward_groups
+                )
             policy = Pace if ac.staleness == "pace" else Requeue
             return policy(ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy)
         if self.stream_minibatch_config is not None:

@@ -173,8 +173,10 @@ def check_async_config(config: AsyncConfig, num_substeps: int) -> None:
     if config.max_steps_off_policy < 0:
         raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {config.max_steps_off_policy}")
     _positive("async_config.groups_per_batch", config.groups_per_batch, "at least 1 group per step")
-    if config.staleness not in ("requeue", "pace"):
-        raise ConfigError("async_config.staleness", f"use 'requeue' or 'pace', not {config.staleness!r}")
+    if config.staleness not in ("oldest_first", "pace", "requeue"):
+        raise ConfigError(
+            "async_config.staleness", f"use 'oldest_first', 'pace' or 'requeue', not {config.staleness!r}"
+        )
     _divides("async_config.groups_per_batch", config.groups_per_batch, "num_substeps", num_substeps)
 
 

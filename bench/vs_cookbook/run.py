@@ -68,11 +68,13 @@ def sides_for(mode: str, args: argparse.Namespace) -> list[Side]:
             Side("trio_rl", trio_python, trio_script, "sync", 0),
             Side("cookbook", cookbook_python, cookbook_script, "sync", 0),
         ]
-    # "pace", trio_rl's default policy, is also the one that like the cookbook's loop never discards a group.
+    # "oldest_first", trio_rl's default policy, is the cookbook 0.6.1 loop's own.
     sides = [
-        Side("trio_rl (pace)", trio_python, trio_script, "pace", 1),
+        Side("trio_rl (oldest_first)", trio_python, trio_script, "oldest_first", 1),
         Side("cookbook", cookbook_python, cookbook_script, "async", 1),
     ]
+    if args.pace:
+        sides.insert(1, Side("trio_rl (pace)", trio_python, trio_script, "pace", 1))
     if args.requeue:
         sides.insert(1, Side("trio_rl (requeue)", trio_python, trio_script, "requeue", 1))
     return sides
@@ -265,6 +267,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every run (default 3; 2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="5x fewer steps per cell, 2 repetitions")
     parser.add_argument("--requeue", action="store_true", help="also run trio_rl's async 'requeue' policy")
+    parser.add_argument("--pace", action="store_true", help="also run trio_rl's async 'pace' policy")
     parser.add_argument("--cells", default="a,b,c,d", help="which cells, by letter (default a,b,c,d)")
     parser.add_argument("--json", type=Path, help="also write every run's measurements to this file")
     parser.add_argument("--longtail", action="store_true", help="run the long-tail cell instead of cells a-d")

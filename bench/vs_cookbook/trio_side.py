@@ -33,7 +33,12 @@ import pipeline
 
 from trio_rl.testing import FakeTrainingClient
 
-MODE_NAMES = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}
+MODE_NAMES = {
+    "sync": "sync",
+    "requeue": "async K=1 requeue",
+    "pace": "async K=1 pace",
+    "oldest_first": "async K=1 oldest_first",
+}
 
 
 @contextlib.contextmanager

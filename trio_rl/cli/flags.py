@@ -44,8 +44,8 @@ class CommonArgs:
     """the run's configuration; the example's own Config gives the defaults"""
     mode: Literal["sync", "stream", "async"] = "async"
     """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
-    staleness: Literal["requeue", "pace"] = "pace"
-    """async only: pace sampling so no group gets more than K steps stale (the strict bound of tinker-cookbook PR #822; a step waits for its stragglers), or requeue staler ones (0.5.5)"""
+    staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
+    """async only: oldest_first (tinker-cookbook 0.6.1: each step trains the oldest completed groups, a straggler is trained late, nothing is discarded), pace (no group more than K steps stale, the strict bound of tinker-cookbook PR #822: a step waits for its stragglers) or requeue staler ones (0.5.5)"""
     max_steps_off_policy: int = 1
     """async only: K, how many steps stale a trained group may be"""
     num_minibatches: int = 2

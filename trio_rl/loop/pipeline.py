@@ -382,7 +382,7 @@ async def run_work_item(
     diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
     # From here on the group is its data and a summary: its trajectories are
     # dropped rather than held (and walked by the collector) until its step.
-    return FinishedGroup(item, version, summary, list(item.builder.logging_tags()), data, diffs)
+    return FinishedGroup(item, version, summary, list(item.builder.logging_tags()), data, diffs, trio.current_time())
 
 
 async def _roll_out(

@@ -6,6 +6,7 @@
 | :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | nothing |
 | :class:`Pace` | weights at most K steps older than its step (group ``n`` is step ``n // B``) | its B groups, in admission order; stragglers are waited for | nothing |
 | :class:`Requeue` | the newest weights when it starts | the B oldest groups at most K steps stale | stale groups, while the dataset has data (then they are dropped) |
+| :class:`~trio_rl.loop.oldest_first.OldestFirst` | the newest weights when it starts | the B completed groups sampled from the oldest weights, however stale (tinker-cookbook 0.6.1) | nothing |
 
 A schedule decides and does nothing else: it never receives, sends, waits,
 counts or touches the ledger. The pipeline's stages ask it:
@@ -260,7 +261,8 @@ class Sync(_FixedSteps):
 class Pace(_FixedSteps):
     """Off-policy without discards: group ``n`` is step ``n // B`` and samples from weights at most K older.
 
-    Nothing is dropped and stragglers are waited for, as in tinker-cookbook 0.6.1.
+    Nothing is dropped and stragglers are waited for: the strict bound of
+    tinker-cookbook PR #822 (unreleased), not 0.6.1's loop (:class:`~trio_rl.OldestFirst`).
     """
 
     def admit(self, position: Position, start_step: int) -> Admission:

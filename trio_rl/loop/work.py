@@ -60,6 +60,8 @@ class FinishedGroup:
     """The group's training data, assembled by the worker as soon as the group is done."""
     reference_diffs: list[Any] | None = None
     """With a KL penalty: per Datum, ``(sampled - reference) * mask`` logprobs (numpy arrays)."""
+    finished_at: float = 0.0
+    """When its worker finished it (Trio's clock): which of a version's groups a step takes first."""
 
 
 @dataclass(frozen=True)
