@@ -17,14 +17,7 @@ The toy model's engine (:mod:`.sampler`) and the Hugging Face engine
 (:mod:`trio_rl.backends.hf.sampler`) are the two subclasses; an engine of
 another kind (vLLM) would implement the same client protocol on its own.
 
-Logprobs: the returned logprob of a sampled token is taken under the
-temperature-scaled distribution ``log_softmax(logits / temperature)``, before
-top-k/top-p truncation, i.e. what the Tinker service reportedly returns (a
-tinker-cookbook maintainer confirmed in its PR #86 that the service returns "the
-same logprobs used for sampling, even when temperature scaling is applied"). At
-temperature 1 these are exactly the policy's logprobs, which is what the RL
-losses' importance ratios assume; greedy requests (temperature 0 or top_k 1)
-report temperature-1 logprobs.
+How a sampled token's logprob is taken is said in :mod:`.decode_batch`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The decoding batch of an in-process sampler: rows, token choice, stops, the prefix cache.
+"""The decoding batch of an in-process sampler: its rows, token choice, stop conditions and delivery.
 
-:class:`BatchingEngine` holds what every in-process sampler shares: request
-validation, the queue, the one engine task that admits queued requests into a
-running batch between decode steps, token choice (:func:`pick_tokens`, one
-generator per sampled row), stop conditions and delivery. A subclass supplies
-the model side, run in a worker thread:
-
-* :meth:`BatchingEngine._decode` and :meth:`BatchingEngine._prefill`: one
-  decode pass for the rows already running and one prefill pass for the newly
-  admitted requests, each returning next-token logits;
-* :meth:`BatchingEngine._keep_rows` / :meth:`BatchingEngine._clear_rows`: drop
-  finished rows from the model's cache;
-* :meth:`BatchingEngine._score`: ``compute_logprobs``.
-
-The toy model's engine (:mod:`.sampler`) and the Hugging Face engine
-(:mod:`trio_rl.backends.hf.sampler`) are the two subclasses; an engine of
-another kind (vLLM) would implement the same client protocol on its own.
+:class:`DecodeBatch` is the part of :class:`~trio_rl.backends.local.batching.BatchingEngine`
+that runs the rows already admitted: one prefill for newly admitted requests (each distinct
+prompt once, through the prefix cache), one decode step for the running rows, token choice
+(:func:`pick_tokens`, one generator per sampled row), and the delivery of finished rows.
+The queue and the engine task that admits requests between decode steps are in
+:mod:`.batching`.
 
 Logprobs: the returned logprob of a sampled token is taken under the
 temperature-scaled distribution ``log_softmax(logits / temperature)``, before
