@@ -11,6 +11,7 @@ import trio
 from tests.pipeline_helpers import MODES, make_config
 from tests.tinker_sdk_standin import open_standin_service
 from trio_rl import train
+from trio_rl._tinker_compat import HAS_STABLE_REINFORCE
 from trio_rl.backends import TinkerBackend
 from trio_rl.testing import FakeDataset, FakeEnvSpec, FakeEvaluator
 
@@ -23,8 +24,9 @@ async def test_training_run_through_tinker_backend(tmp_path: Path, mode: str, sd
     dataset = FakeDataset(num_batches=4, batch_size=4, spec=FakeEnvSpec(group_size=2, turns=2))
     evaluator = FakeEvaluator()
     config = make_config(tmp_path / "run", mode, eval_every=2, save_every=2, max_tokens=4)
-    if config.async_config is not None and sdk_style == "0.24":
-        # tinker 0.24.1 has no stable_reinforce, AsyncConfig's default: such a run chooses its loss.
+    if config.async_config is not None and (sdk_style == "0.24" or not HAS_STABLE_REINFORCE):
+        # tinker 0.24.1 has no stable_reinforce, AsyncConfig's default: such a run chooses its loss
+        # (the stand-in's style, or the SDK installed: the SkyRL suite runs this file on 0.24.1).
         config = dataclasses.replace(
             config, async_config=dataclasses.replace(config.async_config, loss_fn="importance_sampling")
         )
