@@ -19,6 +19,23 @@ import numpy as np
 import pydantic
 from tinker import types as tinker_types
 
+
+@dataclasses.dataclass(frozen=True)
+class VersionedSequence(tinker_types.SampledSequence):
+    """A sampled sequence that also says which weights version produced each token.
+
+    Backends that know it (``FakeBackend``, ``LocalBackend``, ``HFBackend``)
+    return these from an in-flight sampling client; the Tinker service does not
+    say, so its sequences are plain ``SampledSequence`` objects.
+
+    Attributes:
+        token_versions: for each generated token, the weights version (training
+            steps taken) that produced it; as long as ``tokens``.
+    """
+
+    token_versions: tuple[int, ...] = ()
+
+
 _SEQUENCE_FIELDS = {f.name for f in dataclasses.fields(tinker_types.SampledSequence)}
 _sequence_ids = itertools.count()
 
@@ -27,8 +44,13 @@ def sampled_sequence(
     tokens: Sequence[int],
     logprobs: Sequence[float] | None,
     stop_reason: tinker_types.StopReason,
+    token_versions: Sequence[int] | None = None,
 ) -> tinker_types.SampledSequence:
-    """Build a ``SampledSequence`` from plain token and logprob lists."""
+    """Build a ``SampledSequence`` from plain token and logprob lists.
+
+    With ``token_versions`` (one per token), a
+    ``VersionedSequence`` that carries them.
+    """
     kwargs: dict[str, object] = {
         "stop_reason": stop_reason,
         "tokens_np": np.asarray(tokens, dtype=np.int32),
@@ -36,7 +58,11 @@ def sampled_sequence(
     }
     if "sequence_id" in _SEQUENCE_FIELDS:
         kwargs["sequence_id"] = f"local-{next(_sequence_ids)}"
-    return tinker_types.SampledSequence(**kwargs)  # type: ignore[arg-type]
+    if token_versions is None:
+        return tinker_types.SampledSequence(**kwargs)  # type: ignore[arg-type]
+    if len(token_versions) != len(tokens):
+        raise ValueError(f"{len(token_versions)} token versions for {len(tokens)} tokens")
+    return VersionedSequence(**kwargs, token_versions=tuple(token_versions))  # type: ignore[arg-type]
 
 
 def sample_response(sequences: Sequence[tinker_types.SampledSequence]) -> tinker_types.SampleResponse:

@@ -359,7 +359,9 @@ class FakeTrainingClient:
         ready = self._schedule(_latency(backend.optim_latency, adam_params))
         return _FakePending(ready, tinker_types.OptimStepResponse(metrics={"lr": adam_params.learning_rate}), None)
 
-    async def save_weights_for_sampler(self, name: str) -> FakeSamplingClient:
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> FakeSamplingClient:
+        if inflight:
+            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
         backend = self._backend
         backend._record("save_weights_for_sampler", self.version, name=name)
         await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))

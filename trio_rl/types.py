@@ -100,6 +100,9 @@ class TokensWithLogprobs:
         stop_reason: why sampling stopped (``"stop"`` or ``"length"``).
         sequence_id: the sampler's id for the sequence, where it has one.
         prompt_cache_hit_tokens: prompt tokens the sampler served from its cache.
+        token_versions: the weights version that produced each token, where the
+            sampler says (an in-flight sampler of a local or fake backend); ``None``
+            where it does not.
     """
 
     tokens: list[int]
@@ -107,6 +110,7 @@ class TokensWithLogprobs:
     stop_reason: tinker_types.StopReason = "stop"
     sequence_id: str | None = None
     prompt_cache_hit_tokens: int = 0
+    token_versions: list[int] | None = None
 
     @property
     def logprobs(self) -> list[float]:

@@ -25,6 +25,20 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from tinker import types as tinker_types
 
+from .._tinker_compat import VersionedSequence
+
+__all__ = [
+    "Backend",
+    "PendingResult",
+    "SamplingClient",
+    "Tokenizer",
+    "TrainingClient",
+    "VersionedSequence",
+    "check_inflight_before_work",
+    "check_loss_before_work",
+    "token_versions",
+]
+
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -53,11 +67,20 @@ class PendingResult(Protocol[T_co]):
         ...
 
 
-class SamplingClient(Protocol):
-    """Samples from one fixed set of weights.
+def token_versions(sequence: tinker_types.SampledSequence) -> list[int] | None:
+    """The per-token weights versions of ``sequence``, or ``None`` where its backend does not say."""
+    versions = getattr(sequence, "token_versions", None)
+    return None if versions is None else list(versions)
 
-    A sampling client is pinned to the weights it was created from: later optimizer
-    steps on the training client never change what it samples.
+
+class SamplingClient(Protocol):
+    """Samples from the weights it was created from, or newer ones if it is in-flight.
+
+    A snapshot sampling client (the default) is pinned to the weights it was
+    created from: later optimizer steps on the training client never change what
+    it samples. An in-flight one (``save_weights_for_sampler(..., inflight=True)``)
+    starts every request on those weights or newer, and a running request adopts
+    weights published later between tokens.
     """
 
     @property
@@ -95,8 +118,18 @@ class TrainingClient(Protocol):
         """Submit one Adam step on the accumulated gradients, then clear them."""
         ...
 
-    async def save_weights_for_sampler(self, name: str) -> SamplingClient:
-        """Save the current weights under ``name`` and return a client pinned to them."""
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> SamplingClient:
+        """Save the current weights under ``name`` and return a sampling client for them.
+
+        Args:
+            name: what to save them as.
+            inflight: ``False`` (default): the client is pinned to these weights.
+                ``True``: they also become this training client's in-flight
+                weights: every in-flight client of it, including those already
+                returned and their running requests, samples from them from the
+                next token on (Tinker's ``kind="inflight"``). Only backends with
+                ``check_inflight_weights`` accept it.
+        """
         ...
 
     async def save_state(self, name: str) -> str:
@@ -147,6 +180,21 @@ class Backend(Protocol):
         The KL penalty's reference model (``Config.kl_reference_config``) comes from here.
         """
         ...
+
+
+def check_inflight_before_work(backend: object) -> None:
+    """Fail before any work unless ``backend`` offers in-flight weights (its ``check_inflight_weights``).
+
+    Raises:
+        ValueError: the backend's reason, or that it has no in-flight weights at all.
+    """
+    check = getattr(backend, "check_inflight_weights", None)
+    if check is None:
+        raise ValueError(
+            f"{type(backend).__name__} has no in-flight weights (AsyncConfig.inflight_weights); "
+            "FakeBackend, LocalBackend, HFBackend and TinkerBackend (tinker 0.38 or newer) have them"
+        )
+    check()
 
 
 def check_loss_before_work(backend: object, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:

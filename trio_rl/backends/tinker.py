@@ -320,7 +320,7 @@ class TinkerTrainingClient:
         future = self._client.optim_step(adam_params)
         return await self._submitted(future, "optim_step", self._timeouts.optim_step)
 
-    async def save_weights_for_sampler(self, name: str) -> TinkerSamplingClient:
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> TinkerSamplingClient:
         """Save the current weights under ``name`` and return a client pinned to them.
 
         Args:
@@ -333,6 +333,8 @@ class TinkerTrainingClient:
             RemoteTimeoutError: if saving or creating the client took longer than
                 ``TinkerTimeouts.checkpoint`` (each).
         """
+        if inflight:
+            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
         # Not save_weights_and_get_sampling_client: its weights are ephemeral and have
         # no path, and the protocol promises a ``model_path``.
         await trio.lowlevel.checkpoint_if_cancelled()

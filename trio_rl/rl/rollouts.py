@@ -40,7 +40,7 @@ from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
 from ..asyncio_bridge import call_user, current_runner
-from ..backends.protocol import SamplingClient
+from ..backends.protocol import SamplingClient, token_versions
 from ..errors import EmptyGroupError, GroupFailedError
 from ..loop.determinism import derive_seed, settle
 from ..types import (
@@ -117,6 +117,7 @@ class SamplingPolicy:
             sequence_id=getattr(sequence, "sequence_id", None),
             # Older SDKs' responses have no such field; the cookbook reads it the same way.
             prompt_cache_hit_tokens=getattr(response, "prompt_cache_hit_tokens", None) or 0,
+            token_versions=token_versions(sequence),
         )
 
 

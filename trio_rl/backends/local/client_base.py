@@ -127,7 +127,7 @@ class QueuedTrainingClient(Generic[SamplerT]):
         """
         return self._jobs.submit(lambda: tinker_types.OptimStepResponse(metrics=self._optim_step(adam_params)))
 
-    async def save_weights_for_sampler(self, name: str) -> SamplerT:
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> SamplerT:
         """Snapshot the weights (after every request submitted before) and return a pinned sampler.
 
         The snapshot is also written to ``<log_dir>/sampler_weights/<name>``
@@ -138,6 +138,8 @@ class QueuedTrainingClient(Generic[SamplerT]):
             ValueError: if ``name`` is not a plain file name.
             RuntimeError: if the backend is not entered.
         """
+        if inflight:
+            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
         check_name(name)
         path = self._runtime.log_dir / "sampler_weights" / name
 
