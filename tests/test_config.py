@@ -39,6 +39,8 @@ from trio_rl.testing import FakeBackend, FakeDataset
         ({"eval_every": -1}, "eval_every", "0 disables"),
         ({"async_config": AsyncConfig(1, 4), "stream_minibatch_config": StreamMinibatchConfig(4, 1)}, "async_config", "exclusive"),
         ({"num_substeps": 3}, "dataset batch size", "multiple of 3"),
+        ({"async_config": AsyncConfig(1, 4, "pace", inflight_weights=True)}, "async_config.inflight_weights", "staleness='oldest_first'"),
+        ({"async_config": AsyncConfig(1, 4, "requeue", inflight_weights=True)}, "async_config.inflight_weights", "not 'requeue'"),
     ],
 )
 async def test_invalid_config_is_rejected_before_any_work(
@@ -63,8 +65,9 @@ def test_rollout_error_tolerance_takes_the_cookbook_values(tmp_path: Path) -> No
     assert info.value.field == "rollout_error_tolerance"
 
 
-def test_the_default_async_policy_is_pace() -> None:
+def test_the_default_async_policy_is_oldest_first_with_snapshot_weights() -> None:
     assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).staleness == "oldest_first"
+    assert AsyncConfig(max_steps_off_policy=1, groups_per_batch=4).inflight_weights is False
 
 
 def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> None:

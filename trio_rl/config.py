@@ -79,6 +79,7 @@ class AsyncConfig:
     groups_per_batch: int
     staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
     loss_fn: str = "stable_reinforce"
+    inflight_weights: bool = False
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -206,6 +207,10 @@ class Config:
         The cookbook 0.6.1's ``Config.training_loss_fn()``; everything that reads the loss reads this.
         """
         return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+
+    def inflight_weights(self) -> bool:
+        """Whether this run publishes its weights in flight (``async_config.inflight_weights``)."""
+        return self.async_config is not None and self.async_config.inflight_weights
 
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``)."""

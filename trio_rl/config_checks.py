@@ -8,7 +8,7 @@ from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
 from .asyncio_bridge import BRIDGE_MODES
-from .backends.protocol import check_loss_before_work
+from .backends.protocol import check_inflight_before_work, check_loss_before_work
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,6 +44,20 @@ def validate_config(config: Config, dataset_batch_size: int | None) -> None:
         raise ConfigError("resume", "give either load_checkpoint_path or resume=True, not both")
     if config.overwrite and config.resume:
         raise ConfigError("overwrite", "give either resume=True or overwrite=True, not both")
+
+
+def check_inflight_on_backend(config: Config, backend: object) -> None:
+    """Fail before any work if the run asks for in-flight weights and ``backend`` has none.
+
+    Raises:
+        ConfigError: naming ``async_config.inflight_weights`` and the backend's reason.
+    """
+    if config.async_config is None or not config.async_config.inflight_weights:
+        return
+    try:
+        check_inflight_before_work(backend)
+    except ValueError as error:
+        raise ConfigError("async_config.inflight_weights", str(error)) from None
 
 
 def check_loss_on_backend(config: Config, backend: object) -> None:
@@ -178,6 +192,12 @@ def check_async_config(config: AsyncConfig, num_substeps: int) -> None:
             "async_config.staleness", f"use 'oldest_first', 'pace' or 'requeue', not {config.staleness!r}"
         )
     _divides("async_config.groups_per_batch", config.groups_per_batch, "num_substeps", num_substeps)
+    if config.inflight_weights and config.staleness != "oldest_first":
+        raise ConfigError(
+            "async_config.inflight_weights",
+            f"in-flight weights need staleness='oldest_first', not {config.staleness!r}: a rollout's tokens "
+            "come from ever newer weights, so neither a step fixed at hand-out nor resampling stale groups applies",
+        )
 
 
 def _positive(name: str, value: float, fix: str) -> None:

@@ -48,6 +48,8 @@ class CommonArgs:
     """async only: oldest_first (tinker-cookbook 0.6.1: each step trains the oldest completed groups, a straggler is trained late, nothing is discarded), pace (no group more than K steps stale, the strict bound of tinker-cookbook PR #822: a step waits for its stragglers) or requeue staler ones (0.5.5)"""
     max_steps_off_policy: int = 1
     """async only: K, how many steps stale a trained group may be"""
+    inflight_weights: bool = False
+    """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs --staleness oldest_first)"""
     num_minibatches: int = 2
     """stream only: minibatches per step (must divide --groups-per-batch)"""
     groups_per_batch: int = 8
@@ -155,7 +157,11 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
         case "async":
             # The loss the example (or --loss-fn) chose, where the cookbook's AsyncConfig would train stable_reinforce.
             structured["async_config"] = AsyncConfig(
-                args.max_steps_off_policy, args.groups_per_batch, args.staleness, loss_fn=config.loss_fn
+                args.max_steps_off_policy,
+                args.groups_per_batch,
+                args.staleness,
+                loss_fn=config.loss_fn,
+                inflight_weights=args.inflight_weights,
             )
         case "stream":
             structured["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)

@@ -77,8 +77,10 @@ class StepRunner:
         keep_one_constant_group: bool = False,
         kl_penalty_coef: float = 0.0,
         kl_discount_factor: float = 0.0,
+        inflight: bool = False,
     ) -> None:
         self._client = client
+        self._inflight = inflight
         self._weights = weights
         self._loss_fn = loss_fn
         self._loss_fn_config = loss_fn_config
@@ -115,7 +117,7 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._client.save_weights_for_sampler(f"{done.step + 1:06d}")
+            sampler = await self._client.save_weights_for_sampler(f"{done.step + 1:06d}", inflight=self._inflight)
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)

@@ -15,7 +15,7 @@ import trio
 from ..asyncio_bridge import open_user_code_runner
 from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..config import Config
-from ..config_checks import check_loss_on_backend
+from ..config_checks import check_inflight_on_backend, check_loss_on_backend
 from ..errors import one_per_fault
 from ..rl.rollouts import ParamsPerCall
 from ..rl.step_metrics import RunCounts
@@ -136,6 +136,7 @@ def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> 
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     check_loss_on_backend(config, backend)
+    check_inflight_on_backend(config, backend)
     return first_batch
 
 
@@ -182,7 +183,10 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
-            run.weights.publish(begin.step, await begin.training_client.save_weights_for_sampler(f"{begin.step:06d}"))
+            first = await begin.training_client.save_weights_for_sampler(
+                f"{begin.step:06d}", inflight=config.inflight_weights()
+            )
+            run.weights.publish(begin.step, first)
             task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
             outcome = await run_pipeline(
                 nursery,
@@ -304,6 +308,7 @@ def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights)
         adam_params=config.adam_params(),
         remove_constant_reward_groups=config.remove_constant_reward_groups,
         keep_one_constant_group=config.mode == "sync",
+        inflight=config.inflight_weights(),
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
     )
