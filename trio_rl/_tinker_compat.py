@@ -192,6 +192,21 @@ HAS_STABLE_REINFORCE = (
 Datum, and creates samplers with ``record_stability_info`` (0.38; 0.24.1 has none of the three)."""
 
 
+def _saves_inflight_weights() -> bool:
+    try:
+        import tinker
+
+        save = tinker.TrainingClient.save_weights_and_get_sampling_client
+        return "kind" in inspect.signature(save).parameters and hasattr(tinker_types, "SamplingClientKind")
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
+HAS_INFLIGHT_WEIGHTS = _saves_inflight_weights()
+"""Whether this SDK can publish in-flight weights: ``save_weights_and_get_sampling_client(kind="inflight")``
+(0.38; 0.24.1 has no ``kind``, and its sampling clients are all snapshots)."""
+
+
 def prompt_span(sequence_id: str, *, offset: int, length: int) -> Any:
     """Tokens ``offset:offset + length`` of the prompt of the request that sampled ``sequence_id``."""
     return tinker_types.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)  # type: ignore[attr-defined]

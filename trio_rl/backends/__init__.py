@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._future_bridge import RemoteTimeoutError
     from .hf import HFBackend
     from .local import CharTokenizer, LocalBackend, ModelConfig
-    from .tinker import MissingApiKeyError, TinkerBackend, TinkerTimeouts
+    from .tinker import InflightWeightsRefusedError, MissingApiKeyError, TinkerBackend, TinkerTimeouts
 
 _LAZY = {
     "LocalBackend": ".local",
@@ -31,6 +31,7 @@ _LAZY = {
     "TinkerBackend": ".tinker",
     "TinkerTimeouts": ".tinker",
     "MissingApiKeyError": ".tinker",
+    "InflightWeightsRefusedError": ".tinker",
     "RemoteTimeoutError": "._future_bridge",
 }
 
@@ -38,6 +39,7 @@ __all__ = [
     "Backend",
     "CharTokenizer",
     "HFBackend",
+    "InflightWeightsRefusedError",
     "LocalBackend",
     "MissingApiKeyError",
     "ModelConfig",

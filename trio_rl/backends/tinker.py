@@ -7,7 +7,9 @@ The tinker SDK does its work on a thread of its own; this module drives it from 
   hand a coroutine to the SDK's thread and return a future, in tinker 0.24.1 and 0.38
   alike, so they are called right on the Trio thread. Calls therefore reach the SDK in
   the order the pipeline makes them, and the SDK's request ids (assigned at submit)
-  keep that order on the service.
+  keep that order on the service. So is 0.38's
+  ``save_weights_and_get_sampling_client(kind="inflight")``, which returns a future of
+  the client at once (:mod:`._tinker_samplers`).
 * Calls that block the calling thread (creating clients, ``get_tokenizer``) run in
   ``trio.to_thread.run_sync``; the pipeline keeps running meanwhile.
 * Futures are awaited with :func:`~trio_rl.backends._future_bridge.await_future`:
@@ -15,7 +17,9 @@ The tinker SDK does its work on a thread of its own; this module drives it from 
   deadline (:class:`TinkerTimeouts`), because the SDK retries some server failures
   forever. A missed deadline raises :class:`RemoteTimeoutError`.
 * The SDK's own exceptions reach the caller unchanged, and nothing is retried here:
-  the SDK already retries what is transient.
+  the SDK already retries what is transient. One exception: a server that refuses
+  in-flight weights raises :class:`InflightWeightsRefusedError`, which names the
+  server's reply and the setting to change.
 
 Differences between SDK versions that matter here: in 0.24.1 the client-creation
 methods block and return the client; in 0.38 they return a future of it (which is
@@ -24,28 +28,31 @@ thread and then awaiting whatever future it returned. In 0.38 ``sample`` returns
 ``APIFuture`` that is also a ``concurrent.futures.Future``; the bridge uses its
 ``.future()``. ``TrainingClient.load_state*`` is deprecated in 0.38 (the SDK warns on
 each call); resuming should prefer :meth:`TinkerBackend.create_training_client_from_state`.
+In-flight weights need 0.38 (``kind``); 0.24.1 has none.
+
+The clients live in :mod:`._tinker_training` and :mod:`._tinker_samplers`, the request
+plumbing they share in :mod:`._tinker_requests`; their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, Self, TypeVar
+from typing import Any, Literal, Protocol, Self
 
 import tinker
 import trio
-from tinker import types as tinker_types
 
-from .. import _tinker_compat as compat
-from ._future_bridge import RemoteTimeoutError, SDKFuture, await_future, is_sdk_future, remote_deadline
-from .protocol import Tokenizer
+from ._future_bridge import RemoteTimeoutError
+from ._tinker_requests import TinkerPendingResult, TinkerTimeouts, call_blocking
+from ._tinker_samplers import InflightWeightsRefusedError, SamplerChecks, TinkerSamplingClient
+from ._tinker_training import TinkerTrainingClient
 
 __all__ = [
+    "InflightWeightsRefusedError",
     "MissingApiKeyError",
     "RemoteTimeoutError",
     "SDKServiceClient",
@@ -56,45 +63,11 @@ __all__ = [
     "TinkerTrainingClient",
 ]
 
-T = TypeVar("T")
-
 logger = logging.getLogger(__name__)
 
 
 class MissingApiKeyError(RuntimeError):
     """The Tinker API key is missing or malformed; raised before any work starts."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TinkerTimeouts:
-    """How long each kind of remote wait may take, in seconds.
-
-    A deadline covers one wait: from the moment the caller starts waiting (for a
-    training request, ``await pending.result()``) until the answer arrives. Requests
-    of one training client run in order, so the wait for an ``optim_step`` includes
-    the ``forward_backward`` submitted before it.
-
-    The defaults are generous, to cover a busy service; lower them to fail faster.
-    """
-
-    create_training_client: float = 900.0
-    """Creating a training client; the service may first wait for capacity."""
-    forward_backward: float = 600.0
-    optim_step: float = 600.0
-    sample: float = 600.0
-    """One ``sample`` or ``compute_logprobs`` request."""
-    checkpoint: float = 600.0
-    """``save_state``, ``save_weights_for_sampler``, ``load_state``, creating a sampling client."""
-    tokenizer: float = 300.0
-    """``get_tokenizer``, which may download the tokenizer."""
-    close: float = 30.0
-    """Finishing the session when the backend built its own service client."""
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, int | float) or math.isnan(value) or value <= 0:
-                raise ValueError(f"TinkerTimeouts.{field.name} must be a positive number, got {value!r}")
 
 
 class SDKServiceClient(Protocol):
@@ -113,300 +86,7 @@ class SDKServiceClient(Protocol):
     def create_sampling_client(self, model_path: str | None = ..., base_model: str | None = ...) -> Any: ...
 
 
-class TinkerPendingResult(Generic[T]):
-    """A submitted Tinker request; :meth:`result` waits for it (a ``PendingResult``)."""
-
-    def __init__(self, future: SDKFuture[T], *, what: str, timeout: float, server: str | None = None) -> None:
-        self._future = future
-        self._what = what
-        self._timeout = timeout
-        self._server = server
-
-    async def result(self) -> T:
-        """Wait for the answer; a cancelled wait leaves the request in place and may be resumed.
-
-        Returns:
-            The SDK's response.
-
-        Raises:
-            RemoteTimeoutError: if no answer came within the configured timeout;
-                the request is then cancelled where possible.
-            Exception: the SDK's exception for this request, unchanged.
-        """
-        return await await_future(
-            self._future, what=self._what, timeout=self._timeout, withdraw_on_cancel=False, server=self._server
-        )
-
-
-class _HfTokenizer:
-    """The SDK's (Hugging Face) tokenizer, with ``encode`` adding no special tokens.
-
-    The protocol's ``encode`` adds none, while Hugging Face adds e.g. a BOS token by
-    default. Everything else, ``apply_chat_template`` included, is the wrapped
-    tokenizer's own.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.wrapped = tokenizer
-
-    def encode(self, text: str, **kwargs: Any) -> list[int]:
-        kwargs.setdefault("add_special_tokens", False)
-        return list(self.wrapped.encode(text, **kwargs))
-
-    def decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
-        return str(self.wrapped.decode(list(tokens), **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "wrapped":  # not set yet: don't recurse
-            raise AttributeError(name)
-        return getattr(self.wrapped, name)
-
-
-async def _call_blocking(fn: Callable[[], Any], *, what: str, timeout: float, server: str | None = None) -> Any:
-    """Run a blocking SDK call in a thread and, if it returned a future, await that too.
-
-    One deadline covers both parts. On expiry or cancellation the thread is abandoned:
-    it cannot be interrupted, and whatever it returns later is dropped.
-    """
-    with remote_deadline(what, timeout, server):
-        value = await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
-        if is_sdk_future(value):
-            value = await await_future(value, what=what, timeout=None)
-        return value
-
-
-class TinkerSamplingClient:
-    """Samples from one fixed set of weights on the Tinker service."""
-
-    def __init__(
-        self, sdk_client: Any, *, model_path: str | None, timeouts: TinkerTimeouts, server: str | None = None
-    ) -> None:
-        """Wrap an SDK sampling client.
-
-        Args:
-            sdk_client: A ``tinker.SamplingClient``.
-            model_path: The ``tinker://`` path of its weights, if they were saved by name.
-            timeouts: Deadlines for its requests.
-            server: The server's URL, named when a deadline is missed.
-        """
-        self._client = sdk_client
-        self._model_path = model_path
-        self._timeouts = timeouts
-        self._server = server
-
-    @property
-    def model_path(self) -> str | None:
-        """The ``tinker://`` path of the weights it samples from, if saved by name."""
-        return self._model_path
-
-    @property
-    def sdk_client(self) -> Any:
-        """The underlying ``tinker.SamplingClient``, for what the protocol does not cover."""
-        return self._client
-
-    async def sample(
-        self,
-        prompt: tinker_types.ModelInput,
-        num_samples: int,
-        sampling_params: tinker_types.SamplingParams,
-    ) -> tinker_types.SampleResponse:
-        """Sample ``num_samples`` continuations of ``prompt``, with per-token logprobs.
-
-        Args:
-            prompt: The prompt tokens.
-            num_samples: How many continuations.
-            sampling_params: Temperature, max tokens, stop sequences, seed.
-
-        Returns:
-            The service's response.
-
-        Raises:
-            RemoteTimeoutError: if it took longer than ``TinkerTimeouts.sample``.
-            Exception: the SDK's own errors, unchanged.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.sample(prompt, num_samples, sampling_params)
-        response: tinker_types.SampleResponse = await await_future(
-            future, what="sample", timeout=self._timeouts.sample, server=self._server
-        )
-        return response
-
-    async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
-        """Score ``prompt``: each token's logprob given those before it (``None`` first).
-
-        Raises:
-            RemoteTimeoutError: if it took longer than ``TinkerTimeouts.sample``.
-            Exception: the SDK's own errors, unchanged.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.compute_logprobs(prompt)
-        logprobs: list[float | None] = await await_future(
-            future, what="compute_logprobs", timeout=self._timeouts.sample, server=self._server
-        )
-        return logprobs
-
-
-class TinkerTrainingClient:
-    """Trainable weights and optimizer state on the Tinker service."""
-
-    def __init__(
-        self,
-        sdk_client: Any,
-        *,
-        timeouts: TinkerTimeouts,
-        server: str | None = None,
-        record_stability_info: bool = False,
-    ) -> None:
-        """Wrap an SDK training client.
-
-        Args:
-            sdk_client: A ``tinker.TrainingClient``.
-            timeouts: Deadlines for its requests.
-            server: The server's URL, named when a deadline is missed.
-            record_stability_info: create every sampler with ``record_stability_info=True``
-                (tinker 0.38), which ``stable_reinforce`` trains on.
-        """
-        self._client = sdk_client
-        self._timeouts = timeouts
-        self._server = server
-        self._record_stability_info = record_stability_info
-        self._tokenizer: Tokenizer | None = None
-
-    @property
-    def sdk_client(self) -> Any:
-        """The underlying ``tinker.TrainingClient``, for what the protocol does not cover."""
-        return self._client
-
-    async def forward_backward(
-        self,
-        data: Sequence[tinker_types.Datum],
-        loss_fn: tinker_types.LossFnType,
-        loss_fn_config: dict[str, float] | None = None,
-    ) -> TinkerPendingResult[tinker_types.ForwardBackwardOutput]:
-        """Submit a forward/backward pass; it is queued before this returns.
-
-        Args:
-            data: The batch.
-            loss_fn: The loss, such as ``"importance_sampling"`` or ``"cross_entropy"``.
-            loss_fn_config: Extra loss parameters, if any.
-
-        Returns:
-            The pending result; ``await pending.result()`` waits for it, with the
-            ``TinkerTimeouts.forward_backward`` deadline.
-
-        Raises:
-            ValueError: for ``stable_reinforce``, a datum without provenance (checked before
-                anything is sent, as tinker-cookbook 0.6.1 does).
-            Exception: the SDK's own validation errors (e.g. an empty batch), unchanged.
-        """
-        if loss_fn in STABILITY_LOSSES:
-            _check_provenance(data, loss_fn)
-        # A caller that is already cancelled submits nothing. Otherwise nothing yields
-        # between this call and the submit, so submits keep the callers' order.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.forward_backward(list(data), loss_fn, loss_fn_config)
-        return await self._submitted(future, "forward_backward", self._timeouts.forward_backward)
-
-    async def optim_step(
-        self, adam_params: tinker_types.AdamParams
-    ) -> TinkerPendingResult[tinker_types.OptimStepResponse]:
-        """Submit one Adam step on the accumulated gradients; it is queued before this returns.
-
-        Returns:
-            The pending result, with the ``TinkerTimeouts.optim_step`` deadline.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        # Positional: 0.24.1 names the parameter ``adam_params``, 0.38 ``optim_params``.
-        future = self._client.optim_step(adam_params)
-        return await self._submitted(future, "optim_step", self._timeouts.optim_step)
-
-    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> TinkerSamplingClient:
-        """Save the current weights under ``name`` and return a client pinned to them.
-
-        Args:
-            name: The checkpoint name (unique within the training run).
-
-        Returns:
-            A sampling client whose ``model_path`` is the saved weights' ``tinker://`` path.
-
-        Raises:
-            RemoteTimeoutError: if saving or creating the client took longer than
-                ``TinkerTimeouts.checkpoint`` (each).
-        """
-        if inflight:
-            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
-        # Not save_weights_and_get_sampling_client: its weights are ephemeral and have
-        # no path, and the protocol promises a ``model_path``.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.save_weights_for_sampler(name)
-        saved = await self._wait(future, "save_weights_for_sampler")
-        path: str = saved.path
-        # Only passed when set: tinker 0.24.1's create_sampling_client has no such parameter.
-        record: dict[str, Any] = {"record_stability_info": True} if self._record_stability_info else {}
-        sdk_sampler = await _call_blocking(
-            lambda: self._client.create_sampling_client(path, **record),
-            what="create_sampling_client",
-            timeout=self._timeouts.checkpoint,
-            server=self._server,
-        )
-        return TinkerSamplingClient(sdk_sampler, model_path=path, timeouts=self._timeouts, server=self._server)
-
-    async def save_state(self, name: str) -> str:
-        """Save weights and optimizer state under ``name``.
-
-        Returns:
-            The ``tinker://`` path to resume from.
-
-        Raises:
-            RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.save_state(name)
-        saved = await self._wait(future, "save_state")
-        path: str = saved.path
-        return path
-
-    async def load_state(self, path: str, *, with_optimizer: bool = True) -> None:
-        """Load weights (and, if asked, optimizer state) saved by :meth:`save_state`.
-
-        tinker 0.38 deprecates loading into an existing client and warns on each call;
-        prefer :meth:`TinkerBackend.create_training_client_from_state`.
-
-        Raises:
-            RemoteTimeoutError: if it took longer than ``TinkerTimeouts.checkpoint``.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        future = self._client.load_state_with_optimizer(path) if with_optimizer else self._client.load_state(path)
-        await self._wait(future, "load_state")
-
-    async def get_tokenizer(self) -> Tokenizer:
-        """The tokenizer of the model being trained (loaded once, in a thread).
-
-        Its ``encode`` adds no special tokens unless asked (``add_special_tokens=True``).
-
-        Raises:
-            RemoteTimeoutError: if loading took longer than ``TinkerTimeouts.tokenizer``.
-        """
-        if self._tokenizer is None:
-            tokenizer = await _call_blocking(
-                self._client.get_tokenizer, what="get_tokenizer", timeout=self._timeouts.tokenizer, server=self._server
-            )
-            self._tokenizer = _HfTokenizer(tokenizer)
-        return self._tokenizer
-
-    async def _submitted(self, future: SDKFuture[T], what: str, timeout: float) -> TinkerPendingResult[T]:
-        # The request is already queued. Yield to the scheduler as an async function
-        # should, but without a cancellation point: a Cancelled raised here would lose
-        # the handle of a request that runs anyway.
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return TinkerPendingResult(future, what=what, timeout=timeout, server=self._server)
-
-    async def _wait(self, future: SDKFuture[Any], what: str) -> Any:
-        """A checkpoint request's answer, within ``TinkerTimeouts.checkpoint``."""
-        return await await_future(future, what=what, timeout=self._timeouts.checkpoint, server=self._server)
-
-
-class TinkerBackend:
+class TinkerBackend(SamplerChecks):
     """The Tinker service as a trio_rl backend. Enter it with ``async with`` before use.
 
     Example::
@@ -444,9 +124,6 @@ class TinkerBackend:
         self._base_url = base_url
         self._api_key = api_key
         self.timeouts = timeouts or TinkerTimeouts()
-        self.record_stability_info = False
-        """Whether the training clients made from now on create samplers that record stability info;
-        :meth:`check_loss_fn` sets it for ``stable_reinforce``."""
         # The server named when a deadline is missed; unknown behind a client we were given.
         self._server = (base_url or os.environ.get("TINKER_BASE_URL")) if service_client is None else None
 
@@ -482,28 +159,6 @@ class TinkerBackend:
             service, self._service = self._service, None
             await _close_session(service, exc_type, self.timeouts.close)
 
-    def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
-        """Refuse, before any work, a loss the installed SDK cannot train, and prepare for the run's loss.
-
-        The service trains every loss the SDK names. ``stable_reinforce`` also needs the
-        tinker SDK 0.38 (samplers created with ``record_stability_info=True``, provenance
-        on every Datum); for it, the training clients created afterwards make samplers
-        that record stability info, as tinker-cookbook 0.6.1 does.
-
-        Raises:
-            ValueError: ``stable_reinforce`` on an SDK without it (0.24.1), naming the fix.
-        """
-        del loss_fn_config
-        if loss_fn not in STABILITY_LOSSES:
-            return
-        if not compat.HAS_STABLE_REINFORCE:
-            raise ValueError(
-                f"TinkerBackend cannot train loss_fn={loss_fn!r} with {compat.SDK_VERSION}: it needs tinker 0.38 or "
-                "later (samplers created with record_stability_info=True, provenance on every Datum); "
-                "upgrade tinker or choose another loss"
-            )
-        self.record_stability_info = True
-
     async def create_training_client(
         self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
     ) -> TinkerTrainingClient:
@@ -535,7 +190,7 @@ class TinkerBackend:
             Exception: the SDK's own errors, unchanged.
         """
         service = self.service_client
-        sdk_sampler = await _call_blocking(
+        sdk_sampler = await call_blocking(
             lambda: service.create_sampling_client(model_path=model_path, base_model=base_model),
             what="create_sampling_client",
             timeout=self.timeouts.checkpoint,
@@ -565,24 +220,10 @@ class TinkerBackend:
 
     async def _training_client(self, create: Callable[[], Any], what: str) -> TinkerTrainingClient:
         timeout = self.timeouts.create_training_client
-        sdk_client = await _call_blocking(create, what=what, timeout=timeout, server=self._server)
+        sdk_client = await call_blocking(create, what=what, timeout=timeout, server=self._server)
         return TinkerTrainingClient(
             sdk_client, timeouts=self.timeouts, server=self._server, record_stability_info=self.record_stability_info
         )
-
-
-STABILITY_LOSSES = frozenset({"stable_reinforce"})
-"""Losses that train on what samplers recorded about each sequence, found through the Datum's provenance."""
-
-
-def _check_provenance(data: Sequence[tinker_types.Datum], loss_fn: str) -> None:
-    for index, datum in enumerate(data):
-        if getattr(datum, "loss_fn_input_spans", None) is None:
-            raise ValueError(
-                f"loss_fn={loss_fn!r} needs provenance on every datum, and datum {index} has none: one of its "
-                "actions lacks a sequence_id (TokensWithLogprobs.sequence_id, which a custom sampler must set) "
-                "or none of its targets is a sampled token; fix the data or train with another loss"
-            )
 
 
 async def _close_session(service: SDKServiceClient, exc_type: type[BaseException] | None, timeout: float) -> None:
@@ -602,7 +243,7 @@ async def _close_session(service: SDKServiceClient, exc_type: type[BaseException
     # raising here would hide the error the run is exiting with, if any.
     with trio.CancelScope(shield=True):
         try:
-            await _call_blocking(lambda: close(status), what="ServiceClient.close", timeout=timeout)
+            await call_blocking(lambda: close(status), what="ServiceClient.close", timeout=timeout)
         except Exception as error:
             logger.warning("could not finish the Tinker session: %s", error)
 
