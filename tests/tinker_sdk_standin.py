@@ -26,6 +26,24 @@ is refused unless every Datum carries provenance whose spans name recorded seque
 their prompt and sampled tokens, with zero advantages on prompt tokens. The 0.24 style has no
 ``record_stability_info`` parameter, as tinker 0.24.1 has none.
 
+In-flight weights are served as tinker 0.38's ``types/sampling_client_kind.py`` describes them
+(``TrainingClient.save_weights_and_get_sampling_client(kind=...)``):
+
+* ``save_weights_and_get_sampling_client`` returns a future of the client at once and is ordered
+  with the training client's other requests (its request id is taken at the call); the save is
+  ephemeral: no name, no path (``model_path`` is ``None``). In the 0.24 style it blocks, returns
+  the client, and has no ``kind``, as in tinker 0.24.1.
+* all in-flight clients of one training client share one mutable weights target: an in-flight
+  save updates it for the clients returned earlier too;
+* a sample on an in-flight client runs on the client's weights or newer: each token is made
+  with the target as it is when that token is made, so a running sample may finish on newer
+  weights (a held ``"sample_token"`` gate stops running in-flight samples between tokens);
+* the response does not say which weights made which token; the stand-in records it on the
+  side, for tests (``inflight_token_steps``);
+* snapshot saves (``save_weights_for_sampler`` and ``kind="snapshot"``) are pinned as before.
+
+``StandinConfig.inflight_refusal`` makes the server refuse in-flight saves, as one without them would.
+
 Tests can hold requests of one kind (:meth:`StandinServiceClient.hold`), make them
 fail (:meth:`StandinServiceClient.fail_next`), and inspect what happened
 (``events``, ``blocking_calls``, ``cancelled``, ``loop_errors``).
@@ -90,6 +108,8 @@ class StandinConfig:
     """How long ``get_tokenizer`` blocks its calling thread."""
     default_max_tokens: int = 8
     vocab_size: int = 256
+    inflight_refusal: BaseException | None = None
+    """Raised by every in-flight save when set: a server that refuses ``kind="inflight"``."""
 
 
 class StandinAPIFuture(tinker.APIFuture[T]):
@@ -226,11 +246,18 @@ class StandinServiceClient:
         sampler created with ``record_stability_info=True``."""
         self.trained_losses: list[str] = []
         """The ``loss_fn`` of every ``forward_backward`` served, in order."""
+        self.trained_prompt_heads: list[list[tuple[int, ...]]] = []
+        """For every ``forward_backward`` served, the distinct first two prompt tokens of its data
+        (a fake env's group, see ``trio_rl.testing.FakeEnv``)."""
+        self.sampler_kinds: list[str] = []
+        """The ``kind`` of every ``save_weights_and_get_sampling_client`` served, in order."""
+        self.samples_started = 0
+        """How many ``sample`` requests were submitted."""
+        self.inflight_token_steps: list[list[int]] = []
+        """For each sequence sampled on an in-flight client, the weights step of each token as it was made."""
         self._lock = threading.Lock()
         self._pending: collections.Counter[str] = collections.Counter()
-        self._faults: dict[str, collections.deque[BaseException]] = collections.defaultdict(
-            collections.deque
-        )
+        self._faults: dict[str, collections.deque[BaseException]] = collections.defaultdict(collections.deque)
         self._gates: dict[str, asyncio.Event] = {}  # loop thread only
         self._model_ids = itertools.count()
         self._loop_thread: _LoopThread | None = None
@@ -306,9 +333,7 @@ class StandinServiceClient:
         weights_access_token: str | None = None,
     ) -> Any:
         del user_metadata, weights_access_token
-        return self._from_state(
-            "create_training_client_from_state_with_optimizer", path, base_model, True
-        )
+        return self._from_state("create_training_client_from_state_with_optimizer", path, base_model, True)
 
     def create_sampling_client(
         self,
@@ -428,9 +453,7 @@ class StandinServiceClient:
         wrapper = StandinTrainingClientFuture if training else StandinSamplingClientFuture
         return wrapper(future)
 
-    def _new_training_client(
-        self, base_model: str, *, rank: int, seed: int | None, step: int
-    ) -> StandinTrainingClient:
+    def _new_training_client(self, base_model: str, *, rank: int, seed: int | None, step: int) -> StandinTrainingClient:
         with self._lock:
             model_id = f"standin-model-{next(self._model_ids)}"
         client = StandinTrainingClient(self, model_id, base_model, rank=rank, seed=seed, step=step)
@@ -500,6 +523,8 @@ class StandinTrainingClient:
         self.rank = rank
         self.seed = seed
         self.step = step
+        self.inflight_step: int | None = None
+        """The step of the in-flight weights its in-flight clients share (loop thread only)."""
         self.loaded: list[tuple[str, bool]] = []
         self._request_ids = itertools.count()
         self._turns = _Turns()
@@ -529,6 +554,7 @@ class StandinTrainingClient:
                 self.service._check_stability(loss_fn, data)
             with self.service._lock:
                 self.service.trained_losses.append(loss_fn)
+                self.service.trained_prompt_heads.append(sorted({tuple(d.model_input.to_ints()[:2]) for d in data}))
             outputs: list[dict[str, tinker_types.TensorData]] = []
             total = 0.0
             for datum in data:
@@ -540,9 +566,7 @@ class StandinTrainingClient:
 
         return self._submit("forward_backward", work)
 
-    def optim_step(
-        self, adam_params: tinker_types.AdamParams
-    ) -> StandinAPIFuture[tinker_types.OptimStepResponse]:
+    def optim_step(self, adam_params: tinker_types.AdamParams) -> StandinAPIFuture[tinker_types.OptimStepResponse]:
         if not isinstance(adam_params, tinker_types.AdamParams):
             raise TypeError("Expected AdamParams")
 
@@ -575,6 +599,41 @@ class StandinTrainingClient:
             return tinker_types.SaveWeightsForSamplerResponse(path=path)
 
         return self._submit("save_weights_for_sampler", work)
+
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool | None = None,
+        kind: str | None = None,
+    ) -> Any:
+        del name, retry_config
+        if kind is not None and self.service.config.sdk_style == "0.24":
+            raise TypeError("save_weights_and_get_sampling_client() got an unexpected keyword argument 'kind'")
+        record = self.service._stability_argument(record_stability_info)
+        kind = kind or "snapshot"
+
+        def work() -> StandinSamplingClient:
+            refusal = self.service.config.inflight_refusal
+            if kind == "inflight" and refusal is not None:
+                raise refusal
+            if kind == "inflight":
+                self.inflight_step = self.step
+            with self.service._lock:
+                self.service.sampler_kinds.append(kind)
+            return StandinSamplingClient(
+                self.service,
+                model_path=None,
+                base_model=self.base_model,
+                weights_step=self.step,
+                record=record,
+                inflight_of=self if kind == "inflight" else None,
+            )
+
+        future = self._submit("save_weights_and_get_sampling_client", work).future()
+        if self.service.config.sdk_style == "0.24":
+            return future.result()  # really blocks, as 0.24.1's does
+        return StandinSamplingClientFuture(future)
 
     def load_state(
         self, path: str, weights_access_token: str | None = None
@@ -629,12 +688,14 @@ class StandinTrainingClient:
 
 
 class StandinSamplingClient:
-    """Stands in for ``tinker.SamplingClient``; pinned to the weights it was made from.
+    """Stands in for ``tinker.SamplingClient``: pinned to the weights it was made from, or in-flight.
 
     Attributes:
-        weights_step: The training step of the weights it samples from.
+        weights_step: The training step of the weights it samples from (in-flight: the
+            oldest it may sample from).
         record_stability_info: Whether the service records each sampled sequence (for
             ``stable_reinforce``).
+        inflight_of: For an in-flight client, the training client whose in-flight weights it follows.
     """
 
     def __init__(
@@ -645,12 +706,14 @@ class StandinSamplingClient:
         base_model: str,
         weights_step: int,
         record: bool = False,
+        inflight_of: StandinTrainingClient | None = None,
     ) -> None:
         self.service = service
         self.model_path = model_path
         self.base_model = base_model
         self.weights_step = weights_step
         self.record_stability_info = record
+        self.inflight_of = inflight_of
 
     def sample(
         self,
@@ -662,6 +725,8 @@ class StandinSamplingClient:
     ) -> Any:
         del include_prompt_logprobs, topk_prompt_logprobs
         prompt_tokens = prompt.to_ints()
+        with self.service._lock:
+            self.service.samples_started += 1
 
         async def work() -> tinker_types.SampleResponse:
             config = self.service.config
@@ -669,7 +734,10 @@ class StandinSamplingClient:
             sequences = []
             for index in range(num_samples):
                 rng = self._rng(prompt_tokens, sampling_params.seed, index)
-                tokens = [rng.randrange(config.vocab_size) for _ in range(max_tokens)]
+                if self.inflight_of is None:
+                    tokens = [rng.randrange(config.vocab_size) for _ in range(max_tokens)]
+                else:
+                    tokens = await self._inflight_tokens(rng, max_tokens)
                 logprobs = [-2.0 * rng.random() for _ in tokens]
                 sequence = _tinker_compat.sampled_sequence(tokens, logprobs, "length")
                 if self.record_stability_info:
@@ -679,6 +747,23 @@ class StandinSamplingClient:
             return _tinker_compat.sample_response(sequences)
 
         return self._future(self.service._run("sample", work()))
+
+    async def _inflight_tokens(self, rng: random.Random, max_tokens: int) -> list[int]:
+        """Tokens made one at a time, each on the in-flight weights as they are then (loop thread)."""
+        assert self.inflight_of is not None
+        steps: list[int] = []
+        with self.service._lock:
+            self.service.inflight_token_steps.append(steps)
+        tokens = []
+        for position in range(max_tokens):
+            if position and (gate := self.service._gates.get("sample_token")) is not None:
+                await gate.wait()
+            target = self.inflight_of.inflight_step
+            assert target is not None and target >= self.weights_step, "in-flight weights never go back"
+            steps.append(target)
+            tokens.append(rng.randrange(self.service.config.vocab_size))
+            await asyncio.sleep(0)  # a save may land between two tokens
+        return tokens
 
     def _rng(self, prompt_tokens: list[int], seed: int | None, index: int) -> random.Random:
         # With a seed, the same weights, prompt and seed give the same samples; without
@@ -732,9 +817,7 @@ async def _call(fn: Callable[[], T]) -> T:
 
 
 @contextlib.contextmanager
-def open_standin_service(
-    config: StandinConfig | None = None, **overrides: Any
-) -> Iterator[StandinServiceClient]:
+def open_standin_service(config: StandinConfig | None = None, **overrides: Any) -> Iterator[StandinServiceClient]:
     """A stand-in service client whose loop thread is stopped on exit.
 
     Args:
