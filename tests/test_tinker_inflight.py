@@ -10,6 +10,7 @@ the tests that need it skip there, and the refusal before any work runs for real
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,6 +162,12 @@ async def test_a_running_inflight_sample_finishes_on_weights_saved_meanwhile(ser
     assert service.inflight_token_steps == [[0, 1, 1, 1]]
 
 
+def test_the_inflight_flag_follows_the_installed_sdk() -> None:
+    major, minor = (int(part) for part in importlib.metadata.version("tinker").split(".")[:2])
+    has_kind = (major, minor) >= (0, 38)
+    assert has_kind == compat.HAS_INFLIGHT_WEIGHTS
+
+
 @needs_inflight
 def test_check_inflight_weights_accepts_an_sdk_with_kind() -> None:
     backend = TinkerBackend(api_key="tml-unused")
@@ -191,7 +198,8 @@ async def test_an_inflight_run_on_an_sdk_without_kind_fails_before_any_work(
     tmp_path: Path, service: StandinServiceClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # On tinker 0.24.1 (the SkyRL suite) for real; on 0.38 with the SDK's feature flag turned off.
-    monkeypatch.setattr(compat, "HAS_INFLIGHT_WEIGHTS", False)
+    if compat.HAS_INFLIGHT_WEIGHTS:
+        monkeypatch.setattr(compat, "HAS_INFLIGHT_WEIGHTS", False)
     config = inflight_config(tmp_path / "run", loss_fn="importance_sampling")
     with trio.fail_after(20):
         async with TinkerBackend(service_client=service) as backend:
