@@ -11,10 +11,11 @@ the tests that need it skip there, and the refusal before any work runs for real
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
@@ -166,6 +167,14 @@ def test_the_inflight_flag_follows_the_installed_sdk() -> None:
     major, minor = (int(part) for part in importlib.metadata.version("tinker").split(".")[:2])
     has_kind = (major, minor) >= (0, 38)
     assert has_kind == compat.HAS_INFLIGHT_WEIGHTS
+
+
+@needs_inflight
+def test_the_inflight_save_call_fits_the_installed_sdk() -> None:
+    # The stand-in models the signature; this holds it to the SDK's own.
+    signature = inspect.signature(tinker.TrainingClient.save_weights_and_get_sampling_client)
+    signature.bind(object(), kind="inflight", record_stability_info=True)
+    assert "inflight" in get_args(tinker_types.SamplingClientKind)
 
 
 @needs_inflight
