@@ -23,6 +23,7 @@ How a sampled token's logprob is taken is said in :mod:`.decode_batch`.
 from __future__ import annotations
 
 import inspect
+from typing import Generic, TypeVar
 
 import torch
 import trio
@@ -36,6 +37,8 @@ from trio_rl.backends.local.runtime import BackendRuntime
 
 __all__ = ["BatchingEngine", "Request", "Row", "pick_tokens", "row_seed"]
 
+W = TypeVar("W")
+
 _REPORTS_CACHE_HITS = "prompt_cache_hit_tokens" in inspect.signature(tinker_types.SampleResponse).parameters
 """Whether this tinker SDK's ``SampleResponse`` has the field the cookbook reads as ``prefill_cached``."""
 
@@ -47,15 +50,26 @@ def _fail(requests: set[Request], error: BaseException) -> None:
             request.done.set()
 
 
-class BatchingEngine(DecodeBatch):
-    """Serves ``sample`` and ``compute_logprobs`` for one frozen set of weights.
+class BatchingEngine(DecodeBatch, Generic[W]):
+    """Serves ``sample`` and ``compute_logprobs`` for one set of weights, or a training client's in-flight weights.
+
+    A snapshot engine keeps the weights it was made with. An in-flight engine
+    (one per training client, shared by all its in-flight sampling clients)
+    swaps in the weights handed to :meth:`publish` between decode steps, for
+    every running row and every request after, and reports the version that
+    produced each token.
 
     Args:
-        runtime: the backend's nursery (for the engine task), thread limiter
-            and seed source (for requests that bring no seed).
+        runtime: the backend's nursery (for the engine task), thread limiter,
+            seed source (for requests that bring no seed) and whether an
+            in-flight engine recomputes the running rows' keys and values
+            after a publish (``inflight_recompute_kv``; by default it keeps
+            them, as Tinker does).
         vocab_size: token ids must lie in ``[0, vocab_size)``.
         max_seq_len: prompt plus sampled tokens never exceed this.
         default_stop_ids: the stop tokens of a request whose ``stop`` is ``None``.
+        inflight: whether this is an in-flight engine.
+        version: the version of its first weights (optimizer steps taken).
     """
 
     def __init__(
@@ -65,12 +79,44 @@ class BatchingEngine(DecodeBatch):
         vocab_size: int,
         max_seq_len: int,
         default_stop_ids: frozenset[int],
+        inflight: bool = False,
+        version: int = 0,
     ) -> None:
-        super().__init__(runtime.prefix_cache_bytes)
+        recompute = inflight and runtime.inflight_recompute_kv
+        super().__init__(runtime.prefix_cache_bytes, version=version, recompute_kv=recompute)
         self._runtime = runtime
         self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
         self._pending: list[Request] = []
         self._running = False
+        self._inflight = inflight
+
+    @property
+    def inflight(self) -> bool:
+        """Whether it adopts published weights (and reports each token's version)."""
+        return self._inflight
+
+    def _use_weights(self, weights: W) -> None:
+        """Make ``weights`` the ones every later forward pass reads (worker thread, under the limiter)."""
+        raise NotImplementedError
+
+    def publish(self, weights: W, version: int) -> None:
+        """Sample from ``weights`` from the next decode step on: running rows, queued and later requests.
+
+        Call it in a worker thread under the backend's thread limiter, as every
+        torch job runs: no decode step runs meanwhile, so the swap falls between
+        two steps. The previous weights are released at once (running rows
+        keep only their keys and values, or recompute them at the next step),
+        and the prefix cache, filled under them, is cleared.
+
+        Raises:
+            RuntimeError: if this is a snapshot engine.
+        """
+        if not self._inflight:
+            raise RuntimeError("a snapshot sampling engine's weights never change")
+        self._use_weights(weights)
+        self.version = version
+        self._prefixes.clear()
+        self._kv_stale = self._recompute_kv
 
     # ------------------------------------------------------------------ requests
 
@@ -151,7 +197,7 @@ class BatchingEngine(DecodeBatch):
                     self._reset()
                     continue
                 for row, reason in finished:
-                    _deliver(row, reason)
+                    _deliver(row, reason, self._inflight)
         finally:
             self._running = False
             closed = RuntimeError("the backend was closed while this request was waiting")

@@ -71,11 +71,12 @@ def _to_f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def _deliver(row: Row, reason: tinker_types.StopReason) -> None:
+def _deliver(row: Row, reason: tinker_types.StopReason, versioned: bool) -> None:
     request = row.request
     if request.cancelled or request.done.is_set():
         return
-    request.results[row.index] = _tinker_compat.sampled_sequence(row.tokens, row.logprobs, reason)
+    versions = row.versions if versioned else None
+    request.results[row.index] = _tinker_compat.sampled_sequence(row.tokens, row.logprobs, reason, versions)
     request.remaining -= 1
     if request.remaining == 0:
         request.done.set()
@@ -96,11 +97,20 @@ class DecodeBatch:
 
     Args:
         prefix_cache_bytes: bound of the cache of prefilled prompts (``0``: none kept).
+        version: the version of the weights it starts with (optimizer steps taken).
+        recompute_kv: after a weights change, recompute the running rows' keys
+            and values under the new weights instead of keeping them.
     """
 
-    def __init__(self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES, *, version: int = 0, recompute_kv: bool = False
+    ) -> None:
         self._rows: list[Row] = []  # touched only by the engine task and its worker thread
         self._prefixes = PrefixCache(prefix_cache_bytes)
+        self.version = version
+        """The version of the weights that the next forward pass reads."""
+        self._recompute_kv = recompute_kv
+        self._kv_stale = False  # the weights changed since the running rows' keys and values were computed
 
     # ------------------------------------------------ model side (worker thread)
 
@@ -159,9 +169,12 @@ class DecodeBatch:
         """One engine iteration, in a worker thread: decode the running rows, prefill the admitted ones."""
         with torch.inference_mode():
             self._drop([i for i, row in enumerate(self._rows) if row.request.cancelled])
-            # Every forward pass of this step reads these weights; a swap between
-            # steps must also clear self._prefixes.
+            # Every forward pass of this step reads these weights: in-flight
+            # weights are swapped in between steps (BatchingEngine.publish),
+            # which also clears self._prefixes.
             self._select_weights()
+            if self._kv_stale:
+                self._recompute_running()
             logits = [self._decode()] if self._rows else []
             if admit:
                 logits.append(self._prefill(admit))
@@ -190,6 +203,18 @@ class DecodeBatch:
         self._append_rows(prefills, repeats)
         return torch.stack([p.logits for p in prefills]).repeat_interleave(torch.tensor(repeats), dim=0)
 
+    def _recompute_running(self) -> None:
+        """Rebuild the running rows' cache under the current weights (``recompute_kv``), one prefill pass."""
+        self._kv_stale = False
+        rows = self._rows
+        if not rows:
+            return
+        # A row's cache holds its prompt and its tokens but the last, which the next decode feeds.
+        prefills = self._prefill_prompts([[*row.request.prompt, *row.tokens[:-1]] for row in rows])
+        self._clear_rows()
+        self._append_rows(prefills, [1] * len(rows))
+        self._feed_tokens(torch.tensor([row.tokens[-1] for row in rows]))
+
     def _choose(self, logits: Tensor) -> list[tuple[Row, tinker_types.StopReason]]:
         tokens, logprobs = self._pick(logits, *_row_params(self._rows))
         finished: list[tuple[Row, tinker_types.StopReason]] = []
@@ -197,6 +222,7 @@ class DecodeBatch:
         for i, (row, tok, lp) in enumerate(zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(tok)
             row.logprobs.append(_to_f32(lp))
+            row.versions.append(self.version)
             reason: tinker_types.StopReason | None = "stop" if row.stopped(self._stop_string_hit) else None
             if reason is None and len(row.tokens) >= row.request.max_new:
                 reason = "length"
