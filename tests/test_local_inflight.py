@@ -118,7 +118,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
                     new = await _fresh_logprobs(v1, _prompt(text), tokens)
                     assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-5)
                     assert logprobs[PUBLISH_AFTER:] == pytest.approx(new[PUBLISH_AFTER:], abs=1e-5)
-                    assert any(abs(a - b) > 1e-3 for a, b in zip(old[PUBLISH_AFTER:], new[PUBLISH_AFTER:]))
+                    assert any(abs(a - b) > 1e-3 for a, b in zip(old[PUBLISH_AFTER:], new[PUBLISH_AFTER:], strict=True))
                     checked += 1
     assert checked == 3
 
@@ -145,9 +145,11 @@ async def test_snapshot_clients_are_unaffected_by_inflight_publishes(tmp_path: P
             after = await pinned.sample(prompt, 2, SPAN)
     for response in (before, during, after):
         assert all(token_versions(seq) is None for seq in response.sequences)
-    assert [s.tokens for s in during.sequences] == [s.tokens for s in before.sequences] == [
-        s.tokens for s in after.sequences
-    ]
+    assert (
+        [s.tokens for s in during.sequences]
+        == [s.tokens for s in before.sequences]
+        == [s.tokens for s in after.sequences]
+    )
     assert [s.logprobs for s in during.sequences] == [s.logprobs for s in before.sequences]
 
 
