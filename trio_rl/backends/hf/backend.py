@@ -108,9 +108,6 @@ class HFBackend(InProcessBackend):
         """
         check_loss_fn(loss_fn, loss_fn_config, backend="HFBackend")
 
-    def check_inflight_weights(self) -> None:
-        """HFBackend has in-flight weights (``save_weights_for_sampler(..., inflight=True)``): never raises."""
-
     def _load(self, source: ModelSource) -> _Loaded:
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))
 

@@ -126,8 +126,7 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         vocab_size: token ids must lie below this.
         max_seq_len: prompt plus sample never exceed this.
         default_stop_ids: stops of a request whose ``stop`` is ``None``.
-        inflight: an in-flight engine (see :class:`~trio_rl.backends.local.batching.BatchingEngine`):
-            :meth:`publish` replaces ``snapshot``, which is then released.
+        inflight: an in-flight engine (:meth:`publish` replaces ``snapshot``).
         version: the version of ``snapshot`` (optimizer steps taken).
     """
 

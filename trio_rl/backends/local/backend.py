@@ -49,16 +49,11 @@ class LocalBackend(InProcessBackend):
             with other busy processes, torch's spinning thread barriers made a
             decode step about 40x slower with 2 threads than with 1 on a
             2-core machine. ``None`` keeps torch's setting.
-        inflight_recompute_kv: with in-flight weights
-            (``save_weights_for_sampler(..., inflight=True)``), whether a
-            running request recomputes the keys and values of its prompt and
-            tokens under newly published weights (one prefill pass at the next
-            decode step) instead of keeping those computed under older weights.
-            ``False`` (the default) keeps them, as Tinker does: cheaper, and
-            each token's logprob is still that of the weights that produced it,
-            read through the older keys and values. ``True``: each token's
-            logprob is exactly what a fresh forward pass of the weights that
-            produced it gives.
+        inflight_recompute_kv: with in-flight weights, whether running
+            requests recompute their keys and values under newly published
+            weights (one prefill pass) instead of keeping them, as Tinker does
+            (the default). Then each token's logprob is exactly a fresh forward
+            pass of the weights that produced it.
     """
 
     def __init__(
@@ -137,9 +132,6 @@ class LocalBackend(InProcessBackend):
             ValueError: naming the loss and the fix.
         """
         check_loss_fn(loss_fn, loss_fn_config)
-
-    def check_inflight_weights(self) -> None:
-        """LocalBackend has in-flight weights (``save_weights_for_sampler(..., inflight=True)``): never raises."""
 
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> LocalSamplingClient:
         """A sampling client for the initial weights of ``base_model``, or for the weights at ``model_path``.

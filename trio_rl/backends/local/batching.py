@@ -23,7 +23,7 @@ How a sampled token's logprob is taken is said in :mod:`.decode_batch`.
 from __future__ import annotations
 
 import inspect
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import torch
 import trio
@@ -31,7 +31,8 @@ import trio.lowlevel
 from tinker import types as tinker_types
 
 from trio_rl import _tinker_compat
-from trio_rl.backends.local.decode_batch import DecodeBatch, _deliver, _to_f32, pick_tokens
+from trio_rl.backends.local.decode_batch import _deliver, _to_f32, pick_tokens
+from trio_rl.backends.local.inflight import InflightBatch
 from trio_rl.backends.local.requests import Limits, Request, Row, build_request, row_seed
 from trio_rl.backends.local.runtime import BackendRuntime
 
@@ -50,21 +51,17 @@ def _fail(requests: set[Request], error: BaseException) -> None:
             request.done.set()
 
 
-class BatchingEngine(DecodeBatch, Generic[W]):
+class BatchingEngine(InflightBatch[W]):
     """Serves ``sample`` and ``compute_logprobs`` for one set of weights, or a training client's in-flight weights.
 
-    A snapshot engine keeps the weights it was made with. An in-flight engine
-    (one per training client, shared by all its in-flight sampling clients)
-    swaps in the weights handed to :meth:`publish` between decode steps, for
-    every running row and every request after, and reports the version that
-    produced each token.
+    An in-flight engine (shared by a training client's in-flight sampling
+    clients) swaps in the weights given to :meth:`~.inflight.InflightBatch.publish`
+    between decode steps and reports the version that produced each token.
 
     Args:
         runtime: the backend's nursery (for the engine task), thread limiter,
-            seed source (for requests that bring no seed) and whether an
-            in-flight engine recomputes the running rows' keys and values
-            after a publish (``inflight_recompute_kv``; by default it keeps
-            them, as Tinker does).
+            seed source (for requests that bring no seed), and
+            ``inflight_recompute_kv``.
         vocab_size: token ids must lie in ``[0, vocab_size)``.
         max_seq_len: prompt plus sampled tokens never exceed this.
         default_stop_ids: the stop tokens of a request whose ``stop`` is ``None``.
@@ -83,40 +80,11 @@ class BatchingEngine(DecodeBatch, Generic[W]):
         version: int = 0,
     ) -> None:
         recompute = inflight and runtime.inflight_recompute_kv
-        super().__init__(runtime.prefix_cache_bytes, version=version, recompute_kv=recompute)
+        super().__init__(runtime.prefix_cache_bytes, inflight=inflight, version=version, recompute_kv=recompute)
         self._runtime = runtime
         self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
         self._pending: list[Request] = []
         self._running = False
-        self._inflight = inflight
-
-    @property
-    def inflight(self) -> bool:
-        """Whether it adopts published weights (and reports each token's version)."""
-        return self._inflight
-
-    def _use_weights(self, weights: W) -> None:
-        """Make ``weights`` the ones every later forward pass reads (worker thread, under the limiter)."""
-        raise NotImplementedError
-
-    def publish(self, weights: W, version: int) -> None:
-        """Sample from ``weights`` from the next decode step on: running rows, queued and later requests.
-
-        Call it in a worker thread under the backend's thread limiter, as every
-        torch job runs: no decode step runs meanwhile, so the swap falls between
-        two steps. The previous weights are released at once (running rows
-        keep only their keys and values, or recompute them at the next step),
-        and the prefix cache, filled under them, is cleared.
-
-        Raises:
-            RuntimeError: if this is a snapshot engine.
-        """
-        if not self._inflight:
-            raise RuntimeError("a snapshot sampling engine's weights never change")
-        self._use_weights(weights)
-        self.version = version
-        self._prefixes.clear()
-        self._kv_stale = self._recompute_kv
 
     # ------------------------------------------------------------------ requests
 

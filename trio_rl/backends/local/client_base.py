@@ -6,14 +6,9 @@
 their results are awaited, and a cancelled wait leaves the queue intact. A
 subclass supplies the model side, run in the worker thread:
 :meth:`~QueuedTrainingClient._forward_backward`, :meth:`~QueuedTrainingClient._optim_step`,
-:meth:`~QueuedTrainingClient._freeze`, :meth:`~QueuedTrainingClient._engine`,
-:meth:`~QueuedTrainingClient._save_sampler`, :meth:`~QueuedTrainingClient._client`,
-:meth:`~QueuedTrainingClient._write_state` and :meth:`~QueuedTrainingClient._read_state`.
-
-In-flight weights: the first ``save_weights_for_sampler(..., inflight=True)``
-makes the client's in-flight engine; each later one publishes its weights to
-that engine (:meth:`~.batching.BatchingEngine.publish`), which swaps them in
-between decode steps and drops the old ones.
+:meth:`~QueuedTrainingClient._write_state`, :meth:`~QueuedTrainingClient._read_state`,
+and the sampler side of :class:`~.sampler_source.SamplerSource` (snapshots and
+in-flight weights).
 
 A sampler's folder under ``sampler_weights/`` lives only as long as some
 sampling client uses it (it goes when the client is garbage-collected), unless
@@ -27,18 +22,16 @@ import shutil
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from tinker import types as tinker_types
 
-from trio_rl.backends.local.batching import BatchingEngine
 from trio_rl.backends.local.checkpoint import check_name
 from trio_rl.backends.local.jobs import JobQueue, LocalPendingResult
 from trio_rl.backends.local.losses import check_loss_fn
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime
-
-SamplerT = TypeVar("SamplerT")
+from trio_rl.backends.local.sampler_source import SamplerSource, SamplerT
 
 
 def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
@@ -47,7 +40,7 @@ def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class QueuedTrainingClient(Generic[SamplerT]):
+class QueuedTrainingClient(SamplerSource[SamplerT]):
     """The request methods of an in-process training client, in submission order.
 
     Args:
@@ -62,7 +55,6 @@ class QueuedTrainingClient(Generic[SamplerT]):
         self._adam = adam if adam is not None else AdamState()
         self._jobs = JobQueue(runtime)
         self._states_saved: set[str] = set()
-        self._inflight: BatchingEngine[Any] | None = None  # shared by every in-flight sampling client
 
     # ------------------------------------------------ model side (worker thread)
 
@@ -73,41 +65,6 @@ class QueuedTrainingClient(Generic[SamplerT]):
 
     def _optim_step(self, adam_params: tinker_types.AdamParams) -> dict[str, float]:
         raise NotImplementedError
-
-    def _freeze(self) -> Any:
-        """A frozen copy of the current weights, for a sampling engine to read."""
-        raise NotImplementedError
-
-    def _engine(self, weights: Any, *, inflight: bool, version: int) -> BatchingEngine[Any]:
-        """A sampling engine over ``weights`` (from :meth:`_freeze`)."""
-        raise NotImplementedError
-
-    def _save_sampler(self, path: Path) -> None:
-        """Write the current weights to ``path`` as a sampler's folder."""
-        raise NotImplementedError
-
-    def _client(self, engine: BatchingEngine[Any], path: str | None) -> SamplerT:
-        """The sampling client of ``engine``, whose weights were saved at ``path``."""
-        raise NotImplementedError
-
-    # ------------------------------------------------ samplers (worker thread)
-
-    def _sampler(self, path: Path | None) -> SamplerT:
-        """A sampling client over a frozen copy of the weights, saved to ``path`` if given."""
-        engine = self._engine(self._freeze(), inflight=False, version=self._adam.step)
-        if path is not None:
-            self._save_sampler(path)
-        return self._client(engine, None if path is None else str(path))
-
-    def _publish(self, path: Path) -> SamplerT:
-        """Save the weights to ``path``, make them the in-flight weights, and return an in-flight client."""
-        self._save_sampler(path)
-        weights, version = self._freeze(), self._adam.step
-        if self._inflight is None:
-            self._inflight = self._engine(weights, inflight=True, version=version)
-        else:
-            self._inflight.publish(weights, version)
-        return self._client(self._inflight, str(path))
 
     def _write_state(self, path: Path) -> None:
         raise NotImplementedError
@@ -176,14 +133,10 @@ class QueuedTrainingClient(Generic[SamplerT]):
         Args:
             name: the folder's name.
             inflight: ``False``: the sampler is pinned to these weights.
-                ``True``: they become this training client's in-flight weights,
-                whose version is the number of ``optim_step`` calls so far:
-                every in-flight sampler of this client (those returned before
-                too) samples from them from its next decode step on, running
-                requests included, and the returned sampler is one more of them.
-                Running requests keep the keys and values computed under older
-                weights unless the backend was made with
-                ``inflight_recompute_kv=True``.
+                ``True``: they become this client's in-flight weights (version:
+                the ``optim_step`` calls so far), which every in-flight sampler
+                of it, running requests included, samples from its next decode
+                step on (see :mod:`~.inflight`); the returned sampler is one more.
 
         Raises:
             ValueError: if ``name`` is not a plain file name.

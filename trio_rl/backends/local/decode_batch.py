@@ -97,25 +97,22 @@ class DecodeBatch:
 
     Args:
         prefix_cache_bytes: bound of the cache of prefilled prompts (``0``: none kept).
-        version: the version of the weights it starts with (optimizer steps taken).
-        recompute_kv: after a weights change, recompute the running rows' keys
-            and values under the new weights instead of keeping them.
+        version: the version of its weights (optimizer steps taken), recorded for each token.
     """
 
-    def __init__(
-        self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES, *, version: int = 0, recompute_kv: bool = False
-    ) -> None:
+    def __init__(self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES, *, version: int = 0) -> None:
         self._rows: list[Row] = []  # touched only by the engine task and its worker thread
         self._prefixes = PrefixCache(prefix_cache_bytes)
         self.version = version
         """The version of the weights that the next forward pass reads."""
-        self._recompute_kv = recompute_kv
-        self._kv_stale = False  # the weights changed since the running rows' keys and values were computed
 
     # ------------------------------------------------ model side (worker thread)
 
     def _select_weights(self) -> None:
         """Make this engine's weights the ones the next forward pass uses (if shared)."""
+
+    def _refresh_cache(self) -> None:
+        """Bring the running rows' cache up to the current weights, if a swap left it behind."""
 
     def _decode(self) -> Tensor:
         """One forward pass of every running row's last token; their next-token logits."""
@@ -170,11 +167,10 @@ class DecodeBatch:
         with torch.inference_mode():
             self._drop([i for i, row in enumerate(self._rows) if row.request.cancelled])
             # Every forward pass of this step reads these weights: in-flight
-            # weights are swapped in between steps (BatchingEngine.publish),
+            # weights are swapped in between steps (InflightBatch.publish),
             # which also clears self._prefixes.
             self._select_weights()
-            if self._kv_stale:
-                self._recompute_running()
+            self._refresh_cache()
             logits = [self._decode()] if self._rows else []
             if admit:
                 logits.append(self._prefill(admit))
@@ -202,18 +198,6 @@ class DecodeBatch:
             self._new_rows(request)
         self._append_rows(prefills, repeats)
         return torch.stack([p.logits for p in prefills]).repeat_interleave(torch.tensor(repeats), dim=0)
-
-    def _recompute_running(self) -> None:
-        """Rebuild the running rows' cache under the current weights (``recompute_kv``), one prefill pass."""
-        self._kv_stale = False
-        rows = self._rows
-        if not rows:
-            return
-        # A row's cache holds its prompt and its tokens but the last, which the next decode feeds.
-        prefills = self._prefill_prompts([[*row.request.prompt, *row.tokens[:-1]] for row in rows])
-        self._clear_rows()
-        self._append_rows(prefills, [1] * len(rows))
-        self._feed_tokens(torch.tensor([row.tokens[-1] for row in rows]))
 
     def _choose(self, logits: Tensor) -> list[tuple[Row, tinker_types.StopReason]]:
         tokens, logprobs = self._pick(logits, *_row_params(self._rows))

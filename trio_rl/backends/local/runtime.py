@@ -125,6 +125,9 @@ class InProcessBackend:
         """Where checkpoints are written."""
         return self._runtime.log_dir
 
+    def check_inflight_weights(self) -> None:
+        """Never raises: in-process backends have in-flight weights (``save_weights_for_sampler(..., inflight=True)``)."""
+
     async def __aenter__(self) -> Self:
         await self._runtime.enter(self._num_threads)
         return self
