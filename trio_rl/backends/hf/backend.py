@@ -52,6 +52,9 @@ class HFBackend(InProcessBackend):
         token_budget: most padded tokens per training micro-batch.
         num_threads: torch intra-op threads while entered (``None`` keeps torch's
             setting; restored on exit).
+        inflight_recompute_kv: with in-flight weights, whether a running
+            request recomputes its keys and values under newly published
+            weights instead of keeping them (as Tinker does); see ``LocalBackend``.
 
     Raises:
         MissingExtraError: if transformers or peft is not installed.
@@ -70,6 +73,7 @@ class HFBackend(InProcessBackend):
         max_seq_len: int | None = None,
         token_budget: int = 4096,
         num_threads: int | None = None,
+        inflight_recompute_kv: bool = False,
     ) -> None:
         require_hf_extra()
         if max_batch_rows < 1 or token_budget < 1:
@@ -82,7 +86,9 @@ class HFBackend(InProcessBackend):
         self._max_seq_len = max_seq_len
         self._token_budget = token_budget
         self._num_threads = num_threads
-        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows, prefix_cache_bytes)
+        self._runtime = BackendRuntime(
+            Path(log_dir), seed, max_batch_rows, prefix_cache_bytes, inflight_recompute_kv=inflight_recompute_kv
+        )
 
     @property
     def device(self) -> torch.device:

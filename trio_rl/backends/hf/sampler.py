@@ -116,8 +116,8 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-class HFSamplingEngine(BatchingEngine):
-    """Serves ``sample`` and ``compute_logprobs`` for one snapshot of a HF model.
+class HFSamplingEngine(BatchingEngine[Snapshot]):
+    """Serves ``sample`` and ``compute_logprobs`` for one snapshot of a HF model, or in-flight snapshots.
 
     Args:
         snapshot: the frozen weights (activated before every forward pass).
@@ -126,6 +126,8 @@ class HFSamplingEngine(BatchingEngine):
         vocab_size: token ids must lie below this.
         max_seq_len: prompt plus sample never exceed this.
         default_stop_ids: stops of a request whose ``stop`` is ``None``.
+        inflight: an in-flight engine (:meth:`publish` replaces ``snapshot``).
+        version: the version of ``snapshot`` (optimizer steps taken).
     """
 
     def __init__(
@@ -137,12 +139,16 @@ class HFSamplingEngine(BatchingEngine):
         vocab_size: int,
         max_seq_len: int,
         default_stop_ids: frozenset[int],
+        inflight: bool = False,
+        version: int = 0,
     ) -> None:
         super().__init__(
             runtime,
             vocab_size=vocab_size,
             max_seq_len=max_seq_len,
             default_stop_ids=default_stop_ids,
+            inflight=inflight,
+            version=version,
         )
         self._snapshot = snapshot
         self._tokenizer = tokenizer
@@ -184,6 +190,10 @@ class HFSamplingEngine(BatchingEngine):
 
     def _select_weights(self) -> None:
         self._snapshot.activate()
+
+    def _use_weights(self, weights: Snapshot) -> None:
+        # Dropping the old snapshot hands its adapter back to the policy for reuse.
+        self._snapshot = weights
 
     def _decode(self) -> Tensor:
         rows = len(self._rows)
@@ -268,10 +278,11 @@ class HFSamplingEngine(BatchingEngine):
 
 
 class HFSamplingClient(LocalSamplingClient):
-    """A sampling client pinned to one snapshot of an HF training client's weights.
+    """A sampling client pinned to one snapshot of an HF training client's weights, or following its in-flight ones.
 
-    Created by ``HFTrainingClient.save_weights_for_sampler``; later optimizer
-    steps never change what it samples. ``sample`` behaves as the local
+    Created by ``HFTrainingClient.save_weights_for_sampler``; a snapshot client's
+    weights never change, an in-flight one's follow the training client's
+    in-flight weights as the local backend's do. ``sample`` behaves as the local
     backend's, except that ``stop`` strings are matched on decoded text, and
     ``stop=None`` stops at the model's EOS tokens.
     """

@@ -21,7 +21,7 @@ from torch import Tensor
 from trio_rl import _tinker_compat
 from trio_rl.backends.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource
-from trio_rl.backends.hf.policy import Policy
+from trio_rl.backends.hf.policy import Policy, Snapshot
 from trio_rl.backends.hf.sampler import HFSamplingClient, HFSamplingEngine, eos_token_ids
 from trio_rl.backends.local.batch_inputs import (
     DatumInputs,
@@ -32,6 +32,7 @@ from trio_rl.backends.local.batch_inputs import (
     right_padded,
     scored_positions,
 )
+from trio_rl.backends.local.batching import BatchingEngine
 from trio_rl.backends.local.client_base import QueuedTrainingClient
 from trio_rl.backends.local.optimizer import AdamState, adam_step
 from trio_rl.backends.local.runtime import BackendRuntime
@@ -130,18 +131,26 @@ class HFTrainingClient(QueuedTrainingClient[HFSamplingClient]):
         self._policy.activate()
         return adam_step(self._policy.model, self._adam, adam_params)
 
-    def _sampler(self, path: Path | None) -> HFSamplingClient:
-        engine = HFSamplingEngine(
-            self._policy.snapshot(),
+    def _freeze(self) -> Snapshot:
+        return self._policy.snapshot()
+
+    def _engine(self, weights: Snapshot, *, inflight: bool, version: int) -> HFSamplingEngine:
+        return HFSamplingEngine(
+            weights,
             self._tokenizer,
             self._runtime,
             vocab_size=self._policy.vocab_size,
             max_seq_len=self._settings.max_seq_len,
             default_stop_ids=self._eos,
+            inflight=inflight,
+            version=version,
         )
-        if path is not None:
-            save_hf_checkpoint(path, self._policy, self._settings.source, None, "sampler")
-        return HFSamplingClient(engine, None if path is None else str(path))
+
+    def _save_sampler(self, path: Path) -> None:
+        save_hf_checkpoint(path, self._policy, self._settings.source, None, "sampler")
+
+    def _client(self, engine: BatchingEngine[Any], path: str | None) -> HFSamplingClient:
+        return HFSamplingClient(engine, path)
 
     def _write_state(self, path: Path) -> None:
         save_hf_checkpoint(path, self._policy, self._settings.source, self._adam, "state")

@@ -11,7 +11,7 @@ from trio_rl.backends.local.checkpoint import load_checkpoint
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
 from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
-from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine, frozen_copy
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
 
@@ -49,6 +49,11 @@ class LocalBackend(InProcessBackend):
             with other busy processes, torch's spinning thread barriers made a
             decode step about 40x slower with 2 threads than with 1 on a
             2-core machine. ``None`` keeps torch's setting.
+        inflight_recompute_kv: with in-flight weights, whether running
+            requests recompute their keys and values under newly published
+            weights (one prefill pass) instead of keeping them, as Tinker does
+            (the default). Then each token's logprob is exactly a fresh forward
+            pass of the weights that produced it.
     """
 
     def __init__(
@@ -61,12 +66,15 @@ class LocalBackend(InProcessBackend):
         max_batch_rows: int = 256,
         prefix_cache_bytes: int = 64 << 20,
         num_threads: int | None = 1,
+        inflight_recompute_kv: bool = False,
     ) -> None:
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be at least 1")
         self._model_config = model_config if model_config is not None else ModelConfig()
         self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
-        self._runtime = BackendRuntime(Path(log_dir), seed, max_batch_rows, prefix_cache_bytes)
+        self._runtime = BackendRuntime(
+            Path(log_dir), seed, max_batch_rows, prefix_cache_bytes, inflight_recompute_kv=inflight_recompute_kv
+        )
         if num_threads is not None and num_threads < 1:
             raise ValueError("num_threads must be at least 1")
         self._num_threads = num_threads
@@ -178,11 +186,11 @@ def _saved_sampler(runtime: BackendRuntime, path: str) -> LocalSamplingClient:
     ckpt = load_checkpoint(Path(path), with_optimizer=False)
     model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
     model.load_state_dict(ckpt.weights)
-    return LocalSamplingClient(SamplingEngine(model, ckpt.tokenizer, runtime), path)
+    return LocalSamplingClient(SamplingEngine(frozen_copy(model), ckpt.tokenizer, runtime), path)
 
 
 def _initial_sampler(
     runtime: BackendRuntime, config: ModelConfig, tokenizer: CharTokenizer, seed: int
 ) -> LocalSamplingClient:
     model = TransformerLM(config, tokenizer.vocab_size, seed=seed)
-    return LocalSamplingClient(SamplingEngine(model, tokenizer, runtime), None)
+    return LocalSamplingClient(SamplingEngine(frozen_copy(model), tokenizer, runtime), None)

@@ -23,6 +23,7 @@ How a sampled token's logprob is taken is said in :mod:`.decode_batch`.
 from __future__ import annotations
 
 import inspect
+from typing import TypeVar
 
 import torch
 import trio
@@ -30,11 +31,14 @@ import trio.lowlevel
 from tinker import types as tinker_types
 
 from trio_rl import _tinker_compat
-from trio_rl.backends.local.decode_batch import DecodeBatch, _deliver, _to_f32, pick_tokens
+from trio_rl.backends.local.decode_batch import _deliver, _to_f32, pick_tokens
+from trio_rl.backends.local.inflight import InflightBatch
 from trio_rl.backends.local.requests import Limits, Request, Row, build_request, row_seed
 from trio_rl.backends.local.runtime import BackendRuntime
 
 __all__ = ["BatchingEngine", "Request", "Row", "pick_tokens", "row_seed"]
+
+W = TypeVar("W")
 
 _REPORTS_CACHE_HITS = "prompt_cache_hit_tokens" in inspect.signature(tinker_types.SampleResponse).parameters
 """Whether this tinker SDK's ``SampleResponse`` has the field the cookbook reads as ``prefill_cached``."""
@@ -47,15 +51,22 @@ def _fail(requests: set[Request], error: BaseException) -> None:
             request.done.set()
 
 
-class BatchingEngine(DecodeBatch):
-    """Serves ``sample`` and ``compute_logprobs`` for one frozen set of weights.
+class BatchingEngine(InflightBatch[W]):
+    """Serves ``sample`` and ``compute_logprobs`` for one set of weights, or a training client's in-flight weights.
+
+    An in-flight engine (shared by a training client's in-flight sampling
+    clients) swaps in the weights given to :meth:`~.inflight.InflightBatch.publish`
+    between decode steps and reports the version that produced each token.
 
     Args:
-        runtime: the backend's nursery (for the engine task), thread limiter
-            and seed source (for requests that bring no seed).
+        runtime: the backend's nursery (for the engine task), thread limiter,
+            seed source (for requests that bring no seed), and
+            ``inflight_recompute_kv``.
         vocab_size: token ids must lie in ``[0, vocab_size)``.
         max_seq_len: prompt plus sampled tokens never exceed this.
         default_stop_ids: the stop tokens of a request whose ``stop`` is ``None``.
+        inflight: whether this is an in-flight engine.
+        version: the version of its first weights (optimizer steps taken).
     """
 
     def __init__(
@@ -65,8 +76,11 @@ class BatchingEngine(DecodeBatch):
         vocab_size: int,
         max_seq_len: int,
         default_stop_ids: frozenset[int],
+        inflight: bool = False,
+        version: int = 0,
     ) -> None:
-        super().__init__(runtime.prefix_cache_bytes)
+        recompute = inflight and runtime.inflight_recompute_kv
+        super().__init__(runtime.prefix_cache_bytes, inflight=inflight, version=version, recompute_kv=recompute)
         self._runtime = runtime
         self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
         self._pending: list[Request] = []
@@ -151,7 +165,7 @@ class BatchingEngine(DecodeBatch):
                     self._reset()
                     continue
                 for row, reason in finished:
-                    _deliver(row, reason)
+                    _deliver(row, reason, self._inflight)
         finally:
             self._running = False
             closed = RuntimeError("the backend was closed while this request was waiting")

@@ -6,8 +6,9 @@
 their results are awaited, and a cancelled wait leaves the queue intact. A
 subclass supplies the model side, run in the worker thread:
 :meth:`~QueuedTrainingClient._forward_backward`, :meth:`~QueuedTrainingClient._optim_step`,
-:meth:`~QueuedTrainingClient._sampler`, :meth:`~QueuedTrainingClient._write_state`
-and :meth:`~QueuedTrainingClient._read_state`.
+:meth:`~QueuedTrainingClient._write_state`, :meth:`~QueuedTrainingClient._read_state`,
+and the sampler side of :class:`~.sampler_source.SamplerSource` (snapshots and
+in-flight weights).
 
 A sampler's folder under ``sampler_weights/`` lives only as long as some
 sampling client uses it (it goes when the client is garbage-collected), unless
@@ -21,7 +22,7 @@ import shutil
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from tinker import types as tinker_types
 
@@ -30,8 +31,7 @@ from trio_rl.backends.local.jobs import JobQueue, LocalPendingResult
 from trio_rl.backends.local.losses import check_loss_fn
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime
-
-SamplerT = TypeVar("SamplerT")
+from trio_rl.backends.local.sampler_source import SamplerSource, SamplerT
 
 
 def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
@@ -40,7 +40,7 @@ def _discard_sampler_folder(path: Path, states_saved: set[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class QueuedTrainingClient(Generic[SamplerT]):
+class QueuedTrainingClient(SamplerSource[SamplerT]):
     """The request methods of an in-process training client, in submission order.
 
     Args:
@@ -64,10 +64,6 @@ class QueuedTrainingClient(Generic[SamplerT]):
         raise NotImplementedError
 
     def _optim_step(self, adam_params: tinker_types.AdamParams) -> dict[str, float]:
-        raise NotImplementedError
-
-    def _sampler(self, path: Path | None) -> SamplerT:
-        """A sampling client over a frozen copy of the weights, saved to ``path`` if given."""
         raise NotImplementedError
 
     def _write_state(self, path: Path) -> None:
@@ -128,23 +124,29 @@ class QueuedTrainingClient(Generic[SamplerT]):
         return self._jobs.submit(lambda: tinker_types.OptimStepResponse(metrics=self._optim_step(adam_params)))
 
     async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> SamplerT:
-        """Snapshot the weights (after every request submitted before) and return a pinned sampler.
+        """Snapshot the weights (after every request submitted before) and return a sampler of them.
 
         The snapshot is also written to ``<log_dir>/sampler_weights/<name>``
         (the client's ``model_path``), which is deleted once no one holds the
         client, unless :meth:`save_state` saved a state of the same name.
 
+        Args:
+            name: the folder's name.
+            inflight: ``False``: the sampler is pinned to these weights.
+                ``True``: they become this client's in-flight weights (version:
+                the ``optim_step`` calls so far), which every in-flight sampler
+                of it, running requests included, samples from its next decode
+                step on (see :mod:`~.inflight`); the returned sampler is one more.
+
         Raises:
             ValueError: if ``name`` is not a plain file name.
             RuntimeError: if the backend is not entered.
         """
-        if inflight:
-            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
         check_name(name)
         path = self._runtime.log_dir / "sampler_weights" / name
 
         def save() -> SamplerT:
-            client = self._sampler(path)
+            client = self._publish(path) if inflight else self._sampler(path)
             weakref.finalize(client, _discard_sampler_folder, path, self._states_saved)
             return client
 

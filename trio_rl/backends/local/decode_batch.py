@@ -71,11 +71,12 @@ def _to_f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def _deliver(row: Row, reason: tinker_types.StopReason) -> None:
+def _deliver(row: Row, reason: tinker_types.StopReason, versioned: bool) -> None:
     request = row.request
     if request.cancelled or request.done.is_set():
         return
-    request.results[row.index] = _tinker_compat.sampled_sequence(row.tokens, row.logprobs, reason)
+    versions = row.versions if versioned else None
+    request.results[row.index] = _tinker_compat.sampled_sequence(row.tokens, row.logprobs, reason, versions)
     request.remaining -= 1
     if request.remaining == 0:
         request.done.set()
@@ -96,16 +97,22 @@ class DecodeBatch:
 
     Args:
         prefix_cache_bytes: bound of the cache of prefilled prompts (``0``: none kept).
+        version: the version of its weights (optimizer steps taken), recorded for each token.
     """
 
-    def __init__(self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, prefix_cache_bytes: int = DEFAULT_MAX_BYTES, *, version: int = 0) -> None:
         self._rows: list[Row] = []  # touched only by the engine task and its worker thread
         self._prefixes = PrefixCache(prefix_cache_bytes)
+        self.version = version
+        """The version of the weights that the next forward pass reads."""
 
     # ------------------------------------------------ model side (worker thread)
 
     def _select_weights(self) -> None:
         """Make this engine's weights the ones the next forward pass uses (if shared)."""
+
+    def _refresh_cache(self) -> None:
+        """Bring the running rows' cache up to the current weights, if a swap left it behind."""
 
     def _decode(self) -> Tensor:
         """One forward pass of every running row's last token; their next-token logits."""
@@ -159,9 +166,11 @@ class DecodeBatch:
         """One engine iteration, in a worker thread: decode the running rows, prefill the admitted ones."""
         with torch.inference_mode():
             self._drop([i for i, row in enumerate(self._rows) if row.request.cancelled])
-            # Every forward pass of this step reads these weights; a swap between
-            # steps must also clear self._prefixes.
+            # Every forward pass of this step reads these weights: in-flight
+            # weights are swapped in between steps (InflightBatch.publish),
+            # which also clears self._prefixes.
             self._select_weights()
+            self._refresh_cache()
             logits = [self._decode()] if self._rows else []
             if admit:
                 logits.append(self._prefill(admit))
@@ -197,6 +206,7 @@ class DecodeBatch:
         for i, (row, tok, lp) in enumerate(zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(tok)
             row.logprobs.append(_to_f32(lp))
+            row.versions.append(self.version)
             reason: tinker_types.StopReason | None = "stop" if row.stopped(self._stop_string_hit) else None
             if reason is None and len(row.tokens) >= row.request.max_new:
                 reason = "length"

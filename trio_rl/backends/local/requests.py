@@ -52,6 +52,8 @@ class Row:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weights version that produced each token (reported by in-flight engines only)."""
 
     def stopped(self, stop_string_hit: Callable[[Row], bool]) -> bool:
         """Whether the last token ends this row at one of its request's stops."""

@@ -26,15 +26,26 @@ class BackendRuntime:
         seed: seeds the draws for unseeded requests and unseeded training clients.
         max_batch_rows: most sampled rows one engine decodes together.
         prefix_cache_bytes: bound of each sampling engine's cache of prefilled prompts.
+        inflight_recompute_kv: whether in-flight engines recompute their running
+            rows' keys and values after a publish, instead of keeping them.
     """
 
-    def __init__(self, log_dir: Path, seed: int, max_batch_rows: int, prefix_cache_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        seed: int,
+        max_batch_rows: int,
+        prefix_cache_bytes: int = 64 << 20,
+        *,
+        inflight_recompute_kv: bool = False,
+    ) -> None:
         if prefix_cache_bytes < 0:
             raise ValueError("prefix_cache_bytes must not be negative")
         self.log_dir = log_dir
         self.rng = random.Random(seed)
         self.max_batch_rows = max_batch_rows
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.inflight_recompute_kv = inflight_recompute_kv
         # One torch job at a time: torch already uses every core inside a job,
         # and two jobs at once would only fight over them.
         self.limiter = trio.CapacityLimiter(1)
@@ -113,6 +124,9 @@ class InProcessBackend:
     def log_dir(self) -> Path:
         """Where checkpoints are written."""
         return self._runtime.log_dir
+
+    def check_inflight_weights(self) -> None:
+        """Never raises: in-process backends have in-flight weights (``save_weights_for_sampler(..., inflight=True)``)."""
 
     async def __aenter__(self) -> Self:
         await self._runtime.enter(self._num_threads)

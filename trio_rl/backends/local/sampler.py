@@ -32,6 +32,7 @@ engine: see :mod:`.batching`.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from tinker import types as tinker_types
@@ -43,35 +44,55 @@ from trio_rl.backends.local.prefix_cache import Prefill
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
-__all__ = ["LocalSamplingClient", "SamplingEngine", "pick_tokens", "row_seed"]
+__all__ = ["LocalSamplingClient", "SamplingEngine", "frozen_copy", "pick_tokens", "row_seed"]
 
 _CACHE_CHUNK = 32  # grow the cache by this many slots at a time
 
 
-class SamplingEngine(BatchingEngine):
-    """Serves ``sample`` and ``compute_logprobs`` for one frozen set of weights.
+def frozen_copy(model: TransformerLM) -> TransformerLM:
+    """A float64 copy of ``model`` without gradients: the weights a :class:`SamplingEngine` reads."""
+    copy = TransformerLM(model.config, model.vocab_size).to(torch.float64)
+    copy.load_state_dict(model.state_dict())
+    return copy.requires_grad_(False).eval()
+
+
+class SamplingEngine(BatchingEngine[TransformerLM]):
+    """Serves ``sample`` and ``compute_logprobs`` for one frozen set of weights, or in-flight ones.
 
     Args:
-        model: the weights to sample from; the engine keeps its own float64 copy.
+        weights: the weights to sample from, a :func:`frozen_copy` that the engine owns.
         tokenizer: turns string stop sequences into tokens; its EOS is the default stop.
         runtime: the backend's nursery (for the engine task), thread limiter
             and seed source (for requests that bring no seed).
+        inflight: an in-flight engine (see :class:`~.batching.BatchingEngine`).
+        version: the version of ``weights`` (optimizer steps taken).
     """
 
-    def __init__(self, model: TransformerLM, tokenizer: CharTokenizer, runtime: BackendRuntime) -> None:
+    def __init__(
+        self,
+        weights: TransformerLM,
+        tokenizer: CharTokenizer,
+        runtime: BackendRuntime,
+        *,
+        inflight: bool = False,
+        version: int = 0,
+    ) -> None:
         super().__init__(
             runtime,
-            vocab_size=model.vocab_size,
-            max_seq_len=model.config.max_seq_len,
+            vocab_size=weights.vocab_size,
+            max_seq_len=weights.config.max_seq_len,
             default_stop_ids=frozenset({tokenizer.eos_token_id}),
+            inflight=inflight,
+            version=version,
         )
-        self._model = TransformerLM(model.config, model.vocab_size).to(torch.float64)
-        self._model.load_state_dict(model.state_dict())
-        self._model.requires_grad_(False).eval()
+        self._model = weights
         self._tokenizer = tokenizer
         self._cache: KVCache = []
         self._lengths = torch.zeros(0, dtype=torch.long)
         self._last = torch.zeros(0, dtype=torch.long)
+
+    def _use_weights(self, weights: TransformerLM) -> None:
+        self._model = weights
 
     def _encode_stop_string(self, text: str) -> list[tuple[int, ...]] | None:
         # Characters are tokens, so a stop string is exactly one token sequence.
@@ -165,13 +186,18 @@ def _pad_slots(t: Tensor, slots: int) -> Tensor:
 
 
 class LocalSamplingClient:
-    """A sampling client pinned to one snapshot of a training client's weights.
+    """A sampling client pinned to one snapshot of a training client's weights, or following its in-flight ones.
 
-    Created by ``LocalTrainingClient.save_weights_for_sampler``; later optimizer
-    steps never change what it samples.
+    Created by ``LocalTrainingClient.save_weights_for_sampler``. A snapshot
+    client (the default): later optimizer steps never change what it samples.
+    An in-flight client (``inflight=True``) shares its training client's
+    in-flight engine: each request starts on the newest weights published in
+    flight, running requests switch to weights published later between two
+    tokens, and every ``SampledSequence`` is a ``VersionedSequence`` saying
+    which weights version produced each token.
     """
 
-    def __init__(self, engine: BatchingEngine, model_path: str | None) -> None:
+    def __init__(self, engine: BatchingEngine[Any], model_path: str | None) -> None:
         self._engine = engine
         self._model_path = model_path
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tinker import types as tinker_types
@@ -22,13 +23,14 @@ from trio_rl.backends.local.batch_inputs import (
     right_padded,
     scored_positions,
 )
+from trio_rl.backends.local.batching import BatchingEngine
 from trio_rl.backends.local.checkpoint import load_checkpoint, save_checkpoint
 from trio_rl.backends.local.client_base import QueuedTrainingClient
 from trio_rl.backends.local.jobs import LocalPendingResult
 from trio_rl.backends.local.model import TransformerLM, causal_mask
 from trio_rl.backends.local.optimizer import AdamState, adam_step
 from trio_rl.backends.local.runtime import BackendRuntime
-from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine, frozen_copy
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
 __all__ = ["LocalPendingResult", "LocalTrainingClient", "forward_backward_batch"]
@@ -113,11 +115,17 @@ class LocalTrainingClient(QueuedTrainingClient[LocalSamplingClient]):
             kind="sampler" if adam is None else "state",
         )
 
-    def _sampler(self, path: Path | None) -> LocalSamplingClient:
-        engine = SamplingEngine(self._model, self._tokenizer, self._runtime)
-        if path is not None:
-            self._save(path, None)
-        return LocalSamplingClient(engine, None if path is None else str(path))
+    def _freeze(self) -> TransformerLM:
+        return frozen_copy(self._model)
+
+    def _engine(self, weights: TransformerLM, *, inflight: bool, version: int) -> SamplingEngine:
+        return SamplingEngine(weights, self._tokenizer, self._runtime, inflight=inflight, version=version)
+
+    def _save_sampler(self, path: Path) -> None:
+        self._save(path, None)
+
+    def _client(self, engine: BatchingEngine[Any], path: str | None) -> LocalSamplingClient:
+        return LocalSamplingClient(engine, path)
 
     def _write_state(self, path: Path) -> None:
         self._save(path, self._adam)
