@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -9,7 +10,7 @@ from typing import Any, TypeVar
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
-from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
+from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
 
 T = TypeVar("T")
 
@@ -149,12 +150,46 @@ def trajectory_to_data(
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
         current.note_provenance(new_ob, transition.ac)
-        # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
-        masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
-        current.extend_action(transition.ac, advantage, masked, turn)
+        current.extend_action(transition.ac, advantage, is_masked(transition), turn)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
+
+
+def is_masked(transition: Transition) -> bool:
+    """Whether the env marked this turn's action as one not to train on (the cookbook's parse-error masking)."""
+    return float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
+
+
+TokenVersions = tuple[tuple[int, int], ...]
+"""A tally of tokens by the weights version that produced them: ``((version, tokens), ...)``, by version."""
+
+
+def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, TokenVersions | None]:
+    """The action tokens that carry loss weight in the Datums of ``trajectories``, and their weights versions.
+
+    Those are the sampled tokens of every turn that is not masked (see
+    :func:`trajectory_to_data`). The per-token versions are tallied here, where
+    the trajectories become data, so that no per-token list outlives them.
+
+    Returns:
+        Their count, and their tally by version; None where a trained token's
+        version is unknown (its sampler did not say).
+    """
+    trained = 0
+    tally: Counter[int] | None = Counter()
+    for trajectory in trajectories:
+        for transition in trajectory.transitions:
+            action = transition.ac
+            if not action.tokens or is_masked(transition):
+                continue
+            trained += len(action.tokens)
+            if tally is not None:
+                if action.token_versions is None:
+                    tally = None
+                else:
+                    tally.update(action.token_versions)
+    return trained, None if tally is None else tuple(sorted(tally.items()))
 
 
 def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:
