@@ -234,3 +234,19 @@ async def test_token_versions_match_the_publish_times_under_random_traffic(
 
 def test_the_fake_backend_offers_inflight_weights() -> None:
     check_inflight_before_work(FakeBackend())
+
+
+async def test_a_cancelled_sequence_records_the_versions_of_the_tokens_it_produced(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = modelled()
+    training = await backend.create_training_client(base_model="fake")
+    client = await training.save_weights_for_sampler("000000", inflight=True)
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish_at, training, 2.5)
+            with trio.move_on_after(4.5):
+                await sample(client, [10, 1])
+    (sequence,) = backend.sequences
+    # Cancelled at 4.5 s: tokens at 1, 2, 3 and 4 s were produced, the weights of step 1 from 2.5 s on.
+    assert sequence.cancelled and sequence.token_versions == (0, 0, 1, 1)

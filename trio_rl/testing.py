@@ -339,12 +339,10 @@ class _FakeSampler:
             if self.slots is not None:
                 self.slots.release(now)
             if self.record:
-                produced = sum(1 for i in range(length) if sequence.token_time(i) <= now)
-                done = (
-                    None
-                    if inflight is None
-                    else inflight.token_versions(version, started, self.token_latency, produced)
-                )
+                done = None
+                if inflight is not None:
+                    produced = sum(1 for i in range(length) if sequence.token_time(i) <= now)
+                    done = inflight.token_versions(version, started, self.token_latency, produced)
                 self.sequences[position] = replace(sequence, ended=now, cancelled=True, token_versions=done)
             raise
         # Free since its last token, even if this task woke a settle later.
