@@ -150,7 +150,9 @@ def trajectory_to_data(
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
         current.note_provenance(new_ob, transition.ac)
-        current.extend_action(transition.ac, advantage, is_masked(transition), turn)
+        # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
+        masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
+        current.extend_action(transition.ac, advantage, masked, turn)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
@@ -176,20 +178,27 @@ def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, 
         Their count, and their tally by version; None where a trained token's
         version is unknown (its sampler did not say).
     """
+    # On every group's path: no call per turn, and no tally unless some sampler gave versions.
     trained = 0
-    tally: Counter[int] | None = Counter()
+    tally: Counter[int] | None = None
+    known = True
     for trajectory in trajectories:
         for transition in trajectory.transitions:
             action = transition.ac
-            if not action.tokens or is_masked(transition):
+            tokens = action.tokens
+            metrics = transition.metrics
+            if not tokens or (metrics and PARSE_ERROR_MASKED_METRIC_KEY in metrics and is_masked(transition)):
                 continue
-            trained += len(action.tokens)
-            if tally is not None:
-                if action.token_versions is None:
-                    tally = None
-                else:
-                    tally.update(action.token_versions)
-    return trained, None if tally is None else tuple(sorted(tally.items()))
+            trained += len(tokens)
+            versions = action.token_versions
+            if versions is None:
+                known = False
+            elif known:
+                tally = tally if tally is not None else Counter()
+                tally.update(versions)
+    if not known:
+        return trained, None
+    return trained, () if tally is None else tuple(sorted(tally.items()))
 
 
 def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:

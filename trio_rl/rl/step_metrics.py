@@ -258,15 +258,15 @@ def token_lag_metrics(step: int, trained: Sequence[FinishedGroup], inflight: boo
         trained: the groups whose data the step trained.
         inflight: whether the run publishes its weights in flight.
     """
-    lags: Counter[int] = Counter()
+    lags: dict[int, int] = {}
     bound = False
     for group in trained:
         summary = group.summary
         if summary.token_versions is not None:
             for version, count in summary.token_versions:
-                lags[step - version] += count
+                lags[step - version] = lags.get(step - version, 0) + count
         elif summary.trained_tokens:
-            lags[step - group.version] += summary.trained_tokens
+            lags[step - group.version] = lags.get(step - group.version, 0) + summary.trained_tokens
             bound = bound or inflight
     tokens = sum(lags.values())
     if not tokens:
