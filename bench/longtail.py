@@ -15,7 +15,8 @@ schedule's own, free of CPU cost, and the same on every machine.
 
 Rows: sync, then every async policy that ``AsyncConfig`` admits (read from its
 ``staleness`` field's type, so a new policy shows up here without a change) at
-each K. Columns:
+each K, then each policy that admits in-flight weights with them
+(``oldest_first+inflight``: ``AsyncConfig(..., inflight_weights=True)``). Columns:
 
 - makespan: virtual seconds of ``train()``;
 - limit: ``max(total tokens x 0.5 ms / 128, steps x 0.1 s) + 0.1 s``;
@@ -24,9 +25,10 @@ each K. Columns:
 - staleness: of each trained group, the training step minus the weights version
   it sampled from; mean and max over trained groups;
 - trained / requeued / dropped: groups;
-- lag: the token-weighted mean lag, the training step minus the version that
-  produced each trained token; with snapshot weights every token of a group has
-  the group's staleness.
+- lag mean, lag max: the lag of each trained token, the training step minus the
+  version that produced it, token-weighted mean and max; with snapshot weights
+  every token of a group has the group's staleness, in flight each token has
+  the version the fake sampler recorded for it (``FakeSequence.token_versions``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 import typing
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -54,19 +56,28 @@ import longtail_workload as workload
 
 KS = (1, 2, 4, 8)
 
+INFLIGHT = "+inflight"
+"""The suffix of a policy run with in-flight weights."""
+
+INFLIGHT_POLICIES = ("oldest_first",)
+"""The policies ``AsyncConfig(..., inflight_weights=True)`` admits."""
+
 
 def async_policies() -> list[str]:
-    """Every value ``AsyncConfig.staleness`` admits, in the order its type lists them."""
+    """Every value ``AsyncConfig.staleness`` admits, in the order its type lists them, then those run in flight."""
     hints = typing.get_type_hints(AsyncConfig)
-    return [str(value) for value in typing.get_args(hints["staleness"])]
+    snapshot = [str(value) for value in typing.get_args(hints["staleness"])]
+    return snapshot + [p + INFLIGHT for p in snapshot if p in INFLIGHT_POLICIES]
 
 
 def modes(ks: list[int], policies: list[str]) -> dict[str, dict[str, Any]]:
     """Row label -> the ``Config`` fields that select it."""
     rows: dict[str, dict[str, Any]] = {"sync": {}}
     for policy in policies:
+        staleness, inflight = policy.removesuffix(INFLIGHT), policy.endswith(INFLIGHT)
         for k in ks:
-            rows[f"{policy} K={k}"] = {"async_config": AsyncConfig(k, workload.GROUPS_PER_STEP, policy)}  # type: ignore[arg-type]
+            async_config = AsyncConfig(k, workload.GROUPS_PER_STEP, staleness, inflight_weights=inflight)  # type: ignore[arg-type]
+            rows[f"{policy} K={k}"] = {"async_config": async_config}
     return rows
 
 
@@ -102,11 +113,17 @@ def trained_attempts(backend: FakeBackend) -> list[tuple[int, list[FakeSequence]
 
 
 def token_lags(step: int, attempt: list[FakeSequence]) -> list[tuple[int, int]]:
-    """(lag, tokens) of a trained attempt: with snapshot weights, all its tokens share the group's staleness.
+    """(lag, tokens) of a trained attempt, from each token's own version where the sampler recorded one.
 
-    Per-token weights versions (in-flight updates) would give each token its own lag here.
+    With snapshot weights all of a sequence's tokens share its group's staleness.
     """
-    return [(step - s.version, s.length) for s in attempt]
+    lags: list[tuple[int, int]] = []
+    for s in attempt:
+        if s.token_versions is None:
+            lags.append((step - s.version, s.length))
+        else:
+            lags.extend((step - version, n) for version, n in Counter(s.token_versions).items())
+    return lags
 
 
 async def run_mode(mode: dict[str, Any], steps: int, draw: int, log_path: Path) -> dict[str, Any]:
@@ -181,8 +198,8 @@ def main() -> None:
     )
     print(f"python {platform.python_version()}, trio {trio.__version__}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
     header = (
-        f"{'mode':<14} {'makespan s':>10} {'limit s':>8} {'ratio':>6} {'util':>5} {'stale mean':>10} "
-        f"{'stale max':>9} {'trained':>7} {'requeued':>8} {'dropped':>7} {'lag mean':>8} {'wall s':>6}"
+        f"{'mode':<25} {'makespan s':>10} {'limit s':>8} {'ratio':>6} {'util':>5} {'stale mean':>10} "
+        f"{'stale max':>9} {'trained':>7} {'requeued':>8} {'dropped':>7} {'lag mean':>8} {'lag max':>7} {'wall s':>6}"
     )
     print(header)
     results = []
@@ -194,10 +211,10 @@ def main() -> None:
         results.append(row)
         requeued = "-" if row["requeued_groups"] is None else f"{row['requeued_groups']}"
         print(
-            f"{label:<14} {row['makespan_s']:>10.1f} {row['limit_s']:>8.1f} {row['ratio']:>6.2f} "
+            f"{label:<25} {row['makespan_s']:>10.1f} {row['limit_s']:>8.1f} {row['ratio']:>6.2f} "
             f"{row['sampler_utilisation']:>5.2f} {row['staleness_mean']:>10.2f} {row['staleness_max']:>9} "
             f"{row['trained_groups']:>7} {requeued:>8} {row['dropped_groups']:>7} {row['token_lag_mean']:>8.2f} "
-            f"{row['wall_s']:>6.0f}",
+            f"{row['token_lag_max']:>7} {row['wall_s']:>6.0f}",
             flush=True,
         )
     if args.json is not None:

@@ -59,6 +59,7 @@ MODES: dict[str, dict[str, Any]] = {
     "async K=1 requeue": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "requeue")},
     "async K=1 pace": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "pace")},
     "async K=1 oldest_first": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first")},
+    "async K=1 inflight": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first", inflight_weights=True)},
 }
 
 

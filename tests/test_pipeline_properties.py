@@ -67,6 +67,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "turns": draw(st.integers(1, 3)),
         "workers": draw(st.none() | st.integers(1, 9)),
         "k": draw(st.integers(0, 3)),
+        "inflight": mode == "oldest_first" and draw(st.booleans()),
         "groups_per_batch": draw(st.integers(1, 7)),
         "num_minibatches": draw(st.sampled_from([d for d in range(1, first + 1) if first % d == 0])),
         "latencies": draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=3, max_size=3)),
@@ -87,7 +88,9 @@ def build(s: dict[str, Any], log_path: Path) -> tuple[Config, FakeDataset, FakeB
     mode = s["mode"]
     extra: dict[str, Any] = {}
     if mode in ("requeue", "pace", "oldest_first"):
-        extra["async_config"] = AsyncConfig(s["k"], s["groups_per_batch"], staleness=mode)
+        extra["async_config"] = AsyncConfig(
+            s["k"], s["groups_per_batch"], staleness=mode, inflight_weights=s["inflight"]
+        )
     elif mode == "stream":
         first = s["batch_sizes"][0] if s["batch_sizes"] else 1
         extra["stream_minibatch_config"] = StreamMinibatchConfig(first, s["num_minibatches"])

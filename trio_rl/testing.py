@@ -15,6 +15,7 @@ can be told to fail or hang at a chosen point.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -125,6 +126,8 @@ class FakeSequence:
         ended: when it gave its slot back: at its last token, or when it was cancelled.
         token_latency: seconds per token.
         cancelled: whether it was cancelled before its last token.
+        token_versions: sampled on an in-flight client, the weights version of
+            each token it produced (see :class:`FakeBackend`); None on a snapshot client.
     """
 
     prompt: tuple[int, ...]
@@ -136,6 +139,7 @@ class FakeSequence:
     ended: float
     token_latency: float
     cancelled: bool = False
+    token_versions: tuple[int, ...] | None = None
 
     def token_time(self, index: int) -> float:
         """When token ``index`` (0-based) is produced.
@@ -227,6 +231,55 @@ class _FakeSlots:
             request.granted.set()
 
 
+class _InflightWeights:
+    """A fake training client's in-flight weights: each version published in flight, and when.
+
+    A token produced at time ``t`` comes from the newest version published
+    before ``t``. A publication at the very instant a token is produced counts
+    from the next token on: the token's version then never depends on which of
+    the two tasks Trio ran first.
+    """
+
+    def __init__(self) -> None:
+        self._times: list[float] = []
+        self._versions: list[int] = []
+
+    def publish(self, version: int) -> None:
+        """Make ``version`` the in-flight weights from now on."""
+        self._times.append(trio.current_time())
+        self._versions.append(version)
+
+    def token_versions(self, floor: int, started: float, spacing: float, count: int) -> tuple[int, ...]:
+        """The versions of ``count`` tokens, token ``i`` produced at ``started + (i + 1) * spacing``.
+
+        None is older than ``floor`` (the version of the client that asked).
+        """
+        if count <= 0:
+            return ()
+
+        def produced(i: int) -> float:
+            # Exactly FakeSequence.token_time's arithmetic, so that tests compare equal floats.
+            return started + (i + 1) * spacing
+
+        start = bisect.bisect_left(self._times, produced(0))
+        version = max(floor, self._versions[start - 1]) if start else floor
+        out: list[int] = []
+        for when, newer in zip(self._times[start:], self._versions[start:], strict=True):
+            # The tokens produced up to ``when`` keep ``version``; the rest see ``newer``.
+            kept = count if spacing <= 0 else min(count, max(len(out), math.floor((when - started) / spacing)))
+            # The division may be off by one at a boundary: settle it on the token times themselves.
+            while kept > len(out) and produced(kept - 1) > when:
+                kept -= 1
+            while kept < count and produced(kept) <= when:
+                kept += 1
+            out.extend([version] * (kept - len(out)))
+            if kept == count:
+                break
+            version = max(floor, newer)
+        out.extend([version] * (count - len(out)))
+        return tuple(out)
+
+
 class _FakeSampler:
     """The sampler model of :class:`FakeBackend`: slots, per-token time, and a record of every sequence."""
 
@@ -236,16 +289,38 @@ class _FakeSampler:
         self.record = record
         self.sequences: list[FakeSequence] = []
 
-    async def serve(self, prompt: tuple[int, ...], lengths: list[int], version: int, seed: int | None) -> None:
-        """Hold a slot for each sequence for its length in tokens; return when the last one ends."""
+    async def serve(
+        self,
+        prompt: tuple[int, ...],
+        lengths: list[int],
+        version: int,
+        seed: int | None,
+        inflight: _InflightWeights | None = None,
+    ) -> list[tuple[int, ...] | None]:
+        """Hold a slot for each sequence for its length in tokens; return when the last one ends.
+
+        Returns:
+            Per sequence, the version of each token (from ``inflight``), or None without it.
+        """
+        versions: list[tuple[int, ...] | None] = [None] * len(lengths)
         if len(lengths) == 1:
-            await self._hold(prompt, 0, lengths[0], version, seed)
-            return
+            await self._hold(prompt, 0, lengths[0], version, seed, inflight, versions)
+            return versions
         async with trio.open_nursery() as nursery:
             for index, length in enumerate(lengths):
-                nursery.start_soon(self._hold, prompt, index, length, version, seed)
+                nursery.start_soon(self._hold, prompt, index, length, version, seed, inflight, versions)
+        return versions
 
-    async def _hold(self, prompt: tuple[int, ...], index: int, length: int, version: int, seed: int | None) -> None:
+    async def _hold(
+        self,
+        prompt: tuple[int, ...],
+        index: int,
+        length: int,
+        version: int,
+        seed: int | None,
+        inflight: _InflightWeights | None,
+        versions: list[tuple[int, ...] | None],
+    ) -> None:
         requested = trio.current_time()
         if self.slots is None:
             started = requested
@@ -260,27 +335,60 @@ class _FakeSampler:
         try:
             await trio.sleep_until(end)
         except BaseException:
+            now = trio.current_time()
             if self.slots is not None:
-                self.slots.release(trio.current_time())
+                self.slots.release(now)
             if self.record:
-                self.sequences[position] = replace(sequence, ended=trio.current_time(), cancelled=True)
+                done = None
+                if inflight is not None:
+                    produced = sum(1 for i in range(length) if sequence.token_time(i) <= now)
+                    done = inflight.token_versions(version, started, self.token_latency, produced)
+                self.sequences[position] = replace(sequence, ended=now, cancelled=True, token_versions=done)
             raise
         # Free since its last token, even if this task woke a settle later.
         if self.slots is not None:
             self.slots.release(end)
+        if inflight is not None:
+            # Every publication before this sequence's last token has happened by now.
+            versions[index] = inflight.token_versions(version, started, self.token_latency, length)
+            if self.record:
+                self.sequences[position] = replace(sequence, token_versions=versions[index])
 
 
 class FakeSamplingClient:
-    """Samples deterministic pseudo-random tokens; pinned to one weights version."""
+    """Samples deterministic pseudo-random tokens from one weights version, or, in flight, from newer ones too.
 
-    def __init__(self, backend: FakeBackend, version: int, model_path: str | None) -> None:
+    A snapshot client (the default) is pinned to ``version``. An in-flight one
+    (from ``save_weights_for_sampler(..., inflight=True)``) produces each token
+    from its training client's newest in-flight weights published before that
+    token's time (:meth:`FakeSequence.token_time` under the sampler model, else
+    the moment the request is served), never older than ``version``, and
+    returns :class:`~trio_rl.backends.protocol.VersionedSequence` objects that
+    say so. The fake tokens and logprobs themselves stay derived from
+    ``version`` (the weights a request starts from): only the versions are
+    modelled, not what newer weights would have sampled.
+    """
+
+    def __init__(
+        self,
+        backend: FakeBackend,
+        version: int,
+        model_path: str | None,
+        inflight: _InflightWeights | None = None,
+    ) -> None:
         self._backend = backend
         self.version = version
         self._model_path = model_path
+        self._inflight = inflight
 
     @property
     def model_path(self) -> str | None:
         return self._model_path
+
+    @property
+    def inflight(self) -> bool:
+        """Whether this client adopts in-flight weights published after it."""
+        return self._inflight is not None
 
     async def sample(
         self, prompt: tinker_types.ModelInput, num_samples: int, sampling_params: tinker_types.SamplingParams
@@ -300,13 +408,23 @@ class FakeSamplingClient:
         else:
             prompt_tokens = prompt.to_ints()
             lengths = [backend._response_length(prompt_tokens, i, max_tokens) for i in range(num_samples)]
+        inflight = self._inflight
         if backend._sampler is not None:
-            await backend._sampler.serve(tuple(prompt.to_ints()), lengths, self.version, sampling_params.seed)
+            versions = await backend._sampler.serve(
+                tuple(prompt.to_ints()), lengths, self.version, sampling_params.seed, inflight
+            )
+        elif inflight is not None:
+            # No sampler model: every token is produced the moment the request is served.
+            now = trio.current_time()
+            versions = [inflight.token_versions(self.version, now, 0.0, n) for n in lengths]
+        else:
+            versions = [None] * len(lengths)
         sequences = []
-        for rng, n in zip(rngs, lengths, strict=True):
+        for rng, n, token_versions in zip(rngs, lengths, versions, strict=True):
             tokens = rng.choices(range(backend.vocab_size), k=n)
             logprobs = [-3 * rng.random() for _ in range(n)]
-            sequences.append(compat.sampled_sequence(tokens, logprobs, "stop" if n < max_tokens else "length"))
+            stop: tinker_types.StopReason = "stop" if n < max_tokens else "length"
+            sequences.append(compat.sampled_sequence(tokens, logprobs, stop, token_versions=token_versions))
         return compat.sample_response(sequences)
 
     async def compute_logprobs(self, prompt: tinker_types.ModelInput) -> list[float | None]:
@@ -328,6 +446,7 @@ class FakeTrainingClient:
         self._backend = backend
         self.version = version
         self._busy_until = -math.inf
+        self._inflight = _InflightWeights()
 
     def _schedule(self, latency: float) -> float:
         # One request at a time, in submission order, as on the Tinker service.
@@ -360,14 +479,26 @@ class FakeTrainingClient:
         return _FakePending(ready, tinker_types.OptimStepResponse(metrics={"lr": adam_params.learning_rate}), None)
 
     async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> FakeSamplingClient:
-        if inflight:
-            raise ValueError(f"{type(self).__name__} has no in-flight weights yet")
+        """Save the weights as ``name`` and return a sampling client for them, after ``save_latency``.
+
+        With ``inflight``, they also become this client's in-flight weights the
+        moment the save returns (the call's time plus its latency, queued behind
+        earlier requests): every in-flight sampling client of this training
+        client produces its later tokens from them. A save cancelled before it
+        returns publishes nothing.
+        """
         backend = self._backend
-        backend._record("save_weights_for_sampler", self.version, name=name)
+        backend._record("save_weights_for_sampler", self.version, name=name, inflight=inflight)
+        # The weights as of the request, as the service processes requests in order.
+        version = self.version if inflight else None
         await trio.sleep_until(self._schedule(_latency(backend.save_latency, name)))
         path = f"fake://sampler/{name}"
-        backend.samplers[path] = self.version
-        return FakeSamplingClient(backend, self.version, path)
+        if version is None:
+            backend.samplers[path] = self.version
+            return FakeSamplingClient(backend, self.version, path)
+        backend.samplers[path] = version
+        self._inflight.publish(version)
+        return FakeSamplingClient(backend, version, path, self._inflight)
 
     async def save_state(self, name: str) -> str:
         backend = self._backend
@@ -406,6 +537,9 @@ class FakeBackend:
       arrive at the same instant are ordered by prompt, sample index, weights
       version and seed, so the order never depends on Trio's scheduling;
     - every response is recorded in :attr:`sequences` (when ``record_calls``).
+
+    It has in-flight weights (``check_inflight_weights``): see
+    :meth:`FakeTrainingClient.save_weights_for_sampler` and :class:`FakeSamplingClient`.
 
     Args:
         seed: makes every sampled token reproducible.
@@ -494,6 +628,9 @@ class FakeBackend:
     def calls_of(self, kind: str) -> list[FakeCall]:
         """The recorded calls of one kind, in order."""
         return [c for c in self.calls if c.kind == kind]
+
+    def check_inflight_weights(self) -> None:
+        """The fake always has in-flight weights (``save_weights_for_sampler(..., inflight=True)``)."""
 
     async def __aenter__(self) -> Self:
         return self

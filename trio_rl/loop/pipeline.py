@@ -120,6 +120,8 @@ class TrainerSettings:
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_counts: RunCounts = field(default_factory=RunCounts)
     """Group and token counts before this run (from the checkpoint resumed), which this run continues."""
+    inflight_weights: bool = False
+    """Whether the weights are published in flight (token lags are then a bound where the backend does not say)."""
 
 
 @dataclass(frozen=True)
@@ -672,7 +674,8 @@ class Trainer:
             ),
             filtered=[g for g in done.taken if id(g) not in trained_ids],
         )
-        metrics = trained_step_metrics(done, self.counts, tokens, self._settings.planned_steps)
+        settings = self._settings
+        metrics = trained_step_metrics(done, self.counts, tokens, settings.planned_steps, settings.inflight_weights)
         if not math.isfinite(metrics["train/loss:sum"]):
             # Checked before anything is recorded or saved: the state is unusable.
             raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")

@@ -267,6 +267,7 @@ def _trainer_settings(
         if resumed is None
         else RunCounts.from_checkpoint(resumed.counts, resumed.cumulative_tokens, resumed.discarded_tokens),
         learning_rate=config.learning_rate,
+        inflight_weights=config.inflight_weights(),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -9,7 +10,7 @@ from typing import Any, TypeVar
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
-from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup
+from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
 
 T = TypeVar("T")
 
@@ -155,6 +156,49 @@ def trajectory_to_data(
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
+
+
+def is_masked(transition: Transition) -> bool:
+    """Whether the env marked this turn's action as one not to train on (the cookbook's parse-error masking)."""
+    return float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
+
+
+TokenVersions = tuple[tuple[int, int], ...]
+"""A tally of tokens by the weights version that produced them: ``((version, tokens), ...)``, by version."""
+
+
+def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, TokenVersions | None]:
+    """The action tokens that carry loss weight in the Datums of ``trajectories``, and their weights versions.
+
+    Those are the sampled tokens of every turn that is not masked (see
+    :func:`trajectory_to_data`). The per-token versions are tallied here, where
+    the trajectories become data, so that no per-token list outlives them.
+
+    Returns:
+        Their count, and their tally by version; None where a trained token's
+        version is unknown (its sampler did not say).
+    """
+    # On every group's path: no call per turn, and no tally unless some sampler gave versions.
+    trained = 0
+    tally: Counter[int] | None = None
+    known = True
+    for trajectory in trajectories:
+        for transition in trajectory.transitions:
+            action = transition.ac
+            tokens = action.tokens
+            metrics = transition.metrics
+            if not tokens or (metrics and PARSE_ERROR_MASKED_METRIC_KEY in metrics and is_masked(transition)):
+                continue
+            trained += len(tokens)
+            versions = action.token_versions
+            if versions is None:
+                known = False
+            elif known:
+                tally = tally if tally is not None else Counter()
+                tally.update(versions)
+    if not known:
+        return trained, None
+    return trained, () if tally is None else tuple(sorted(tally.items()))
 
 
 def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:

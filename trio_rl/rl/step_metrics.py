@@ -243,18 +243,57 @@ def result_metrics(results: Sequence[Any]) -> Metrics:
     return metrics
 
 
+def token_lag_metrics(step: int, trained: Sequence[FinishedGroup], inflight: bool = False) -> Metrics:
+    """How stale the step's trained tokens are: ``async/token_lag_mean`` (token-weighted) and ``_max``.
+
+    A token's lag is ``step`` minus the weights version that produced it. Where
+    its group's sampler said which version produced each token (an in-flight
+    client of a backend that knows), that version; otherwise the group's own
+    (the client's at its creation), which is exact with snapshot weights. An
+    in-flight run whose backend does not say (Tinker) thus records an upper
+    bound, and marks the record with ``async/token_lag_is_bound`` = 1.
+
+    Args:
+        step: the training step.
+        trained: the groups whose data the step trained.
+        inflight: whether the run publishes its weights in flight.
+    """
+    lags: dict[int, int] = {}
+    bound = False
+    for group in trained:
+        summary = group.summary
+        if summary.token_versions is not None:
+            for version, count in summary.token_versions:
+                lags[step - version] = lags.get(step - version, 0) + count
+        elif summary.trained_tokens:
+            lags[step - group.version] = lags.get(step - group.version, 0) + summary.trained_tokens
+            bound = bound or inflight
+    tokens = sum(lags.values())
+    if not tokens:
+        return {}
+    metrics: Metrics = {
+        "async/token_lag_mean": sum(lag * count for lag, count in lags.items()) / tokens,
+        "async/token_lag_max": max(lag for lag, count in lags.items() if count),
+    }
+    if bound:
+        metrics["async/token_lag_is_bound"] = 1.0
+    return metrics
+
+
 def trained_step_metrics(
-    done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None
+    done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None, inflight: bool = False
 ) -> Metrics:
     """The record of one trained step, under tinker-cookbook's keys where it has one.
 
     ``progress/batch`` and ``training_client/step`` are the step's index (the
     cookbook's sync and async loops each write one of them), and
-    ``progress/done_frac`` is ``(step + 1) / planned_steps``.
+    ``progress/done_frac`` is ``(step + 1) / planned_steps``. ``inflight``: the
+    run publishes in flight (see :func:`token_lag_metrics`).
     """
     outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
     metrics: Metrics = {
         **done.summary,
+        **token_lag_metrics(done.step, done.trained, inflight),
         **result_metrics(done.results),
         **sample_train_kl(done.submitted, outputs),
         **count_metrics(counts),

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from .. import _tinker_compat as compat
 from ..types import RolloutError, Trajectory, TrajectoryGroup
+from .data import TokenVersions, trained_tokens_by_version
 
 
 def is_initial_overflow(trajectory: Trajectory) -> bool:
@@ -38,6 +39,10 @@ class GroupSummary(NamedTuple):
         group_metrics: the group's ``compute_group_rewards`` metrics, as ``(key, value)`` in order.
         initial_overflows: trajectories that ended at once on an overflowing prompt.
         rollout_errors: the group's failed rollout attempts.
+        trained_tokens: action tokens that carry loss weight (those not masked).
+        token_versions: those tokens tallied by the weights version that produced
+            them, where the sampler said (an in-flight client of a backend that
+            knows); None where it did not.
     """
 
     total_rewards: tuple[float, ...]
@@ -49,6 +54,8 @@ class GroupSummary(NamedTuple):
     initial_overflows: int
     rollout_errors: tuple[RolloutError, ...]
     cached_ob_tokens: int = 0
+    trained_tokens: int = 0
+    token_versions: TokenVersions | None = None
 
     @classmethod
     def of(cls, group: TrajectoryGroup) -> GroupSummary:
@@ -63,6 +70,7 @@ class GroupSummary(NamedTuple):
                 ob_tokens += compat.token_count(transition.ob)
                 cached += transition.ac.prompt_cache_hit_tokens
                 values.extend((key, float(value)) for key, value in transition.metrics.items())
+        trained, versions = trained_tokens_by_version(group.trajectories_G)
         return cls(
             total_rewards=tuple(group.get_total_rewards()),
             transitions=transitions,
@@ -73,6 +81,8 @@ class GroupSummary(NamedTuple):
             initial_overflows=overflows,
             rollout_errors=tuple(group.rollout_errors),
             cached_ob_tokens=cached,
+            trained_tokens=trained,
+            token_versions=versions,
         )
 
     @property
