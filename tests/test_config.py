@@ -41,6 +41,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
         ({"num_substeps": 3}, "dataset batch size", "multiple of 3"),
         ({"async_config": AsyncConfig(1, 4, "pace", inflight_weights=True)}, "async_config.inflight_weights", "staleness='oldest_first'"),
         ({"async_config": AsyncConfig(1, 4, "requeue", inflight_weights=True)}, "async_config.inflight_weights", "not 'requeue'"),
+        ({"async_config": AsyncConfig(1, 4, inflight_weights=True), "num_substeps": 2}, "async_config.inflight_weights", "num_substeps=1"),
     ],
 )
 async def test_invalid_config_is_rejected_before_any_work(

@@ -29,8 +29,10 @@ class VersionedSequence(tinker_types.SampledSequence):
     say, so its sequences are plain ``SampledSequence`` objects.
 
     Attributes:
-        token_versions: for each generated token, the weights version (training
-            steps taken) that produced it; as long as ``tokens``.
+        token_versions: for each generated token, the weights version that
+            produced it: the optimizer steps its training client had taken (the
+            loop's step, since in-flight runs take one optimizer step per step);
+            as long as ``tokens``.
     """
 
     token_versions: tuple[int, ...] = ()

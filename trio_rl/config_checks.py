@@ -198,6 +198,12 @@ def check_async_config(config: AsyncConfig, num_substeps: int) -> None:
             f"in-flight weights need staleness='oldest_first', not {config.staleness!r}: a rollout's tokens "
             "come from ever newer weights, so neither a step fixed at hand-out nor resampling stale groups applies",
         )
+    if config.inflight_weights and num_substeps != 1:
+        raise ConfigError(
+            "async_config.inflight_weights",
+            f"in-flight weights need num_substeps=1, not {num_substeps}: a backend tells each token's weights "
+            "version in optimizer steps, which count training steps only when a step takes one",
+        )
 
 
 def _positive(name: str, value: float, fix: str) -> None:
