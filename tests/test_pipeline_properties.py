@@ -275,3 +275,25 @@ def check_accounting(s: dict[str, Any], outcome: Outcome) -> None:
     assert sorted(evaluated) == sorted(due), "a due evaluation was skipped or run twice"
     # Each evaluated its own weights (a step that trained nothing publishes the weights before it).
     assert all(r["test/version"] <= r["step"] for r in outcome.metrics if "test/version" in r)
+
+
+def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order() -> None:
+    # Issue 19, item 13: where the data ends at the step that expires a kept group,
+    # whether it was sampled again or dropped followed Trio's task order.
+    s = scenario(
+        mode="requeue",
+        batch_sizes=[6, 2, 5, 4],
+        k=1,
+        groups_per_batch=2,
+        latencies=[1.0, 0.5, 0.0],
+        seed=74,
+        eval_every=1,
+    )
+    outcomes = [run_scenario(s, seed) for seed in range(6)]
+    first = outcomes[0]
+    assert first.summary["run/requeued"] > 0 and first.summary["run/dropped_stale"] > 0
+    for other in outcomes[1:]:
+        assert other.metrics == first.metrics
+        assert other.checkpoints == first.checkpoints
+        assert other.trained == first.trained
+    check_accounting(s, first)

@@ -366,7 +366,8 @@ class Requeue(Schedule):
     (``async/dropped_stale``) otherwise, so the choice never depends on which
     task Trio ran first. This is tinker-cookbook 0.5.5's policy
     (``do_async_training``: stale groups requeued until the dataloader is done,
-    discarded after), except that 0.5.5 never gives up a running rollout.
+    discarded after), except that 0.5.5 never gives up a running rollout and
+    leaves a last, partial batch untrained.
 
     At the end of data (every item handed out, none can be sampled again) no
     newer weights are published while a step waits, so none would be given up
