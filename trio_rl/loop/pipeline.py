@@ -273,11 +273,6 @@ async def dataloader(
                 await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
             await workers.hand_out(entry.item(admission))
-        if resampled is not None:
-            # What the trainer sends back by the end of this instant is still
-            # sampled again, whichever task Trio runs first (it sends only
-            # once the instant has settled, and settles first).
-            await settle()
         # Take what was resampled while data remained and close the back channel
         # in the same step (no checkpoint between), so nothing sent back is
         # ever left unread in its buffer.
@@ -524,11 +519,15 @@ class GroupIntake:
     async def _receive(self, step: int) -> None:
         """Wait for a group and sort it; past the schedule's patience, give up the rollouts still running."""
         if self._sent_back or (self._resample is not None and self._data_ended is None):
+            if not self._sent_back and self._sort_ready(step):
+                return  # no wait: groups had arrived
             # Waiting needs what was sent back handed on, and the end of data seen, at a settled instant.
             await self.sort_this_instant(step)
             if self._schedule.need(step, self.ended) is not Need.ANOTHER_GROUP:
                 return
-        with trio.move_on_at(self._patience(step)):
+        deadline = self._patience(step)
+        # A scope only where there is a deadline: most waits have none.
+        with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
             try:
                 self._sort(await self._groups.receive(), step)
             except trio.EndOfChannel:
@@ -548,15 +547,18 @@ class GroupIntake:
         at = self._schedule.stop_waiting_at(clock)
         return math.inf if at is None else at
 
-    def _sort_ready(self, step: int) -> None:
+    def _sort_ready(self, step: int) -> int:
+        """Sort every group already delivered; how many there were."""
+        sorted_ = 0
         while True:
             try:
                 self._sort(self._groups.receive_nowait(), step)
             except trio.WouldBlock:
-                return
+                return sorted_
             except trio.EndOfChannel:
                 self.ended = True
-                return
+                return sorted_
+            sorted_ += 1
 
     def _sort(self, delivery: Delivery, step: int) -> None:
         verdict = self._schedule.sort(delivery, step)

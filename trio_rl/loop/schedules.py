@@ -375,10 +375,11 @@ class Requeue(Schedule):
     stands in for the versions that no longer come: a step waits for the
     rollouts still running at most K + 1 times this run's mean step time (from
     its first step's start to this step's), counted from this step's start or
-    from the end of the data, whichever is later. Then every rollout still
-    running is given up and dropped and counted like a stale group, and the step
-    trains what it holds: a final, smaller step, or none. A run's first step has
-    no pace to go by and waits (``per_rollout_timeout`` bounds it).
+    from when the trainer, about to wait, found the data ended, whichever is
+    later (:class:`StepClock`). Then every rollout still running is given up,
+    dropped and counted like a stale group, and the step trains what it holds:
+    a final, smaller step, or none. A run's first step has no pace to go by and
+    waits (``per_rollout_timeout`` bounds it).
 
     Kept groups are pooled by the weights version they were sampled from, so
     expiring stale ones touches only the versions that fell out of the window,
