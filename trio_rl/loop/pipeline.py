@@ -540,7 +540,7 @@ class GroupIntake:
             self._weights.give_up_all()
 
     def _patience(self, step: int) -> float:
-        if self._gave_up or self._first is None:
+        if self._gave_up or self._first is None or self._data_ended is None:
             return math.inf
         first_step, first_start = self._first
         clock = StepClock(first_start, self._step_start, step - first_step, self._data_ended)

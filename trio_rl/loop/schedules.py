@@ -118,14 +118,14 @@ class StepClock:
         first_start: when this run's first step began.
         start: when the step being prepared began.
         steps: the steps this run began before it.
-        data_ended: when the trainer saw that every item had been handed out
-            and none could be sampled again (None: not yet).
+        data_ended: when the trainer, about to wait, found that every item had
+            been handed out and that none could be sampled again.
     """
 
     first_start: float
     start: float
     steps: int
-    data_ended: float | None
+    data_ended: float
 
 
 def _by_order(group: FinishedGroup) -> tuple[int, int]:
@@ -177,10 +177,10 @@ class Schedule(ABC):
         return []
 
     def stop_waiting_at(self, clock: StepClock) -> float | None:
-        """When a step stops waiting for the rollouts still running (Trio's clock); None: it waits for them.
+        """Once the data has ended, when a step stops waiting for the rollouts still running (Trio's clock).
 
         From then on they are given up, counted as dropped, and the step trains
-        what it holds.
+        what it holds. None: it waits for them.
         """
         return None
 
@@ -403,7 +403,7 @@ class Requeue(Schedule):
         return version + self.staleness_limit + 1
 
     def stop_waiting_at(self, clock: StepClock) -> float | None:
-        if clock.data_ended is None or clock.steps == 0:
+        if clock.steps == 0:
             return None
         mean_step = (clock.start - clock.first_start) / clock.steps
         return max(clock.start, clock.data_ended) + (self.staleness_limit + 1) * mean_step
