@@ -189,3 +189,10 @@ async def test_a_straggler_given_up_at_the_end_of_data_is_counted_once_across_a_
     assert resumed.summary["run/dropped_stale"] == uninterrupted.summary["run/dropped_stale"] == 1
     assert resumed.summary["run/trained_groups"] == uninterrupted.summary["run/trained_groups"] == 7
     assert resumed.summary["run/cancelled_groups"] == 0
+    final, whole = (
+        read_jsonl(log_path / "checkpoints.jsonl")[-1],
+        read_jsonl(log_path.parent / "whole" / "checkpoints.jsonl")[-1],
+    )
+    counted = ("trained_groups", "dropped_stale", "requeued", "groups_skipped", "filtered_groups")
+    assert [final["counts"][c] for c in counted] == [whole["counts"][c] for c in counted]
+    assert (final["step"], final["final"]) == (whole["step"], True)
