@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import read_jsonl
@@ -189,20 +189,52 @@ def run_scenario(s: dict[str, Any], scheduling_seed: int) -> Outcome:
         return outcome
 
 
+def scenario(**drawn: Any) -> dict[str, Any]:
+    """A scenario as :func:`scenarios` draws it: a short sync run, with ``drawn`` replacing what is given."""
+    s: dict[str, Any] = {
+        "mode": "sync",
+        "batch_sizes": [4],
+        "group_size": 1,
+        "turns": 1,
+        "workers": None,
+        "k": 0,
+        "groups_per_batch": 1,
+        "num_minibatches": 1,
+        "latencies": [0.0, 0.0, 0.0],
+        "step_latency": 0.0,
+        "crash": None,
+        "skipped": {},
+        "constant": set(),
+        "seed": 0,
+        "eval_every": 0,
+        "save_every": 0,
+        "eval_latency": 0.0,
+        "cancel_at": None,
+        "scheduling_seeds": [0, 1],
+    }
+    return {**s, **drawn}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
+# Issue 19, item 13: a stale group kept for a step expires at the step where the
+# data runs out, while the trainer asks for the step's evaluation; whether it
+# was sampled again or dropped depended on which of the trainer and the
+# dataloader Trio ran first.
+@example(
+    scenario(
+        mode="requeue",
+        batch_sizes=[6, 2, 5, 4],
+        k=1,
+        groups_per_batch=2,
+        latencies=[1.0, 0.5, 0.0],
+        seed=74,
+        eval_every=1,
+    )
+)
 def test_every_run_is_accounted_for_exactly_once_whatever_the_task_order(s: dict[str, Any]) -> None:
     first, second = (run_scenario(s, seed) for seed in s["scheduling_seeds"])
     event(f"mode {s['mode']}; crash: {first.crashed}; cancelled mid-run: {first.cancelled}")
-    if s["mode"] == "requeue" and s["crash"] is None and first.metrics != second.metrics:
-        # Known and left open (issue 19, items 13-15): under "requeue", which of
-        # two fresh groups delivered within one virtual instant a step takes can
-        # still depend on Trio's task order. Counted here so that it stays
-        # visible; the accounting must hold under either order.
-        event("requeue: a step's groups depended on the task order")
-        check_accounting(s, first)
-        check_accounting(s, second)
-        return
     # The same records; the trainer's and the evaluator's lines written at one
     # instant may interleave either way (each writer's own order is its steps').
     assert sorted(map(json.dumps, first.metrics)) == sorted(map(json.dumps, second.metrics)), (
@@ -246,3 +278,25 @@ def check_accounting(s: dict[str, Any], outcome: Outcome) -> None:
     assert sorted(evaluated) == sorted(due), "a due evaluation was skipped or run twice"
     # Each evaluated its own weights (a step that trained nothing publishes the weights before it).
     assert all(r["test/version"] <= r["step"] for r in outcome.metrics if "test/version" in r)
+
+
+def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order() -> None:
+    # Issue 19, item 13: where the data ends at the step that expires a kept group,
+    # whether it was sampled again or dropped followed Trio's task order.
+    s = scenario(
+        mode="requeue",
+        batch_sizes=[6, 2, 5, 4],
+        k=1,
+        groups_per_batch=2,
+        latencies=[1.0, 0.5, 0.0],
+        seed=74,
+        eval_every=1,
+    )
+    outcomes = [run_scenario(s, seed) for seed in range(6)]
+    first = outcomes[0]
+    assert first.summary["run/requeued"] > 0 and first.summary["run/dropped_stale"] > 0
+    for other in outcomes[1:]:
+        assert other.metrics == first.metrics
+        assert other.checkpoints == first.checkpoints
+        assert other.trained == first.trained
+    check_accounting(s, first)

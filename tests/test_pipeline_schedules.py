@@ -9,7 +9,7 @@ from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import Config, Pace, Requeue, TrainResult
-from trio_rl.loop.schedules import Need, Schedule, Verdict
+from trio_rl.loop.schedules import Need, Schedule, StepClock, Verdict
 from trio_rl.loop.work import Delivery, FinishedGroup, ItemKey, SkippedGroup, WorkItem
 from trio_rl.rl.summary import GroupSummary
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec
@@ -83,6 +83,18 @@ async def _run_filtering(log_path: Path) -> TrainResult:
 
 
 CONSTANT = {(0, 1), (2, 0), (2, 3), (4, 2)}
+
+
+def test_requeue_stops_waiting_at_the_end_of_data_after_k_plus_one_mean_steps() -> None:
+    requeue = Requeue(groups_per_step=4, num_substeps=1, staleness_limit=1)
+    # Two steps began 3 s apart on average; the data ended 2 s into the third.
+    assert requeue.stop_waiting_at(StepClock(first_start=10.0, start=16.0, steps=2, data_ended=18.0)) == 24.0
+    # Ended before the step began: counted from the step's start.
+    assert requeue.stop_waiting_at(StepClock(first_start=10.0, start=16.0, steps=2, data_ended=12.0)) == 22.0
+    # A run's first step has no pace to go by.
+    assert requeue.stop_waiting_at(StepClock(first_start=10.0, start=10.0, steps=0, data_ended=10.0)) is None
+    # No other schedule gives up a rollout at the end of data.
+    assert Pace(4, 1, 1).stop_waiting_at(StepClock(10.0, 16.0, 2, 12.0)) is None
 
 
 async def test_a_group_filtered_on_arrival_is_counted_as_filtered_and_never_joins_a_step(

@@ -58,7 +58,9 @@ async def test_pace_bounds_staleness_and_groups_in_flight(log_path: Path, k: int
     dataset = FakeDataset(num_batches=10, batch_size=3)
     groups_per_batch = 4
     config = make_config(
-        log_path, "pace", async_config=AsyncConfig(max_steps_off_policy=k, groups_per_batch=groups_per_batch, staleness="pace")
+        log_path,
+        "pace",
+        async_config=AsyncConfig(max_steps_off_policy=k, groups_per_batch=groups_per_batch, staleness="pace"),
     )
     result = await run_fake(config, dataset, FakeBackend(sample_latency=random_latency, train_latency=1.0))
     assert result.trained_groups == 30 and result.dropped_groups == 0
@@ -95,7 +97,10 @@ async def test_requeue_never_stops_for_rollouts_that_never_finish(log_path: Path
     config = make_config(
         log_path, "requeue", async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, staleness="requeue")
     )
-    result = await run_fake(config, dataset)
-    # The hung rollout was given up once stale and sampled again.
-    assert result.summary["run/trained_groups"] == 24
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    result = await run_fake(config, dataset, backend)
+    # The hung rollout was given up once stale, sampled again and trained.
     assert dataset._builders[(0, 1)].attempts == 2
+    assert (0, 1) in {key for call in backend.calls_of("forward_backward") for key in call.detail["groups"]}
+    # A group that expires at the instant the data runs out is dropped (counted), not resampled.
+    assert result.summary["run/trained_groups"] + result.summary["run/dropped_stale"] == 24

@@ -36,13 +36,18 @@ class DataLedger:
         self._outstanding: dict[ItemKey, None] = dict.fromkeys(outstanding)
         self.empty_batches = 0
         """Empty dataset batches the dataloader skipped."""
+        self.dataloader_done = False
+        """Whether the dataloader is done (every note read): nothing more is handed out."""
 
     def read_notes(self) -> None:
         """Take in every note sent so far (never waits)."""
         while True:
             try:
                 note = self._notes.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except trio.WouldBlock:
+                return
+            except trio.EndOfChannel:
+                self.dataloader_done = True
                 return
             if note.key is None:
                 self.empty_batches += 1

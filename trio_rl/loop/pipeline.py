@@ -61,7 +61,7 @@ from .gate import ConsumptionGate
 from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog
-from .schedules import Minibatch, Need, Schedule, Verdict
+from .schedules import Minibatch, Need, Schedule, StepClock, Verdict
 from .step_runner import StepRunner, TrainedStep
 from .weights import LatestWeights
 from .work import AbandonedGroup, Delivery, FinishedGroup, Handout, ItemKey, SkippedGroup, WorkItem
@@ -449,6 +449,11 @@ class GroupIntake:
     its admission slot at once: a step may wait for groups that are only
     admitted once slots held by failed groups are free, and a straggler that
     kept its slot through every retry would starve the run.
+
+    Whether a group sent back is sampled again or dropped depends on whether
+    the dataloader is done, so it is decided only at the end of an instant,
+    once every task due then has run (:func:`~trio_rl.loop.determinism.settle`),
+    and never by which of the trainer and the dataloader Trio ran first.
     """
 
     def __init__(
@@ -463,34 +468,44 @@ class GroupIntake:
         self._schedule = run.schedule
         self._ledger = run.ledger
         self._gate = run.gate
+        self._weights = run.weights
         self._resample = resample
         self.ended = False
         """Whether every worker has exited (the channel reached ``EndOfChannel``)."""
         self.requeued = self.dropped_stale = self.groups_skipped = 0
         self._filtered: list[FinishedGroup] = []
+        self._sent_back: list[WorkItem] = []
+        # When this run's first step and the current one began, and the data ended (Trio's clock).
+        self._first: tuple[int, float] | None = None
+        self._step_start = 0.0
+        self._data_ended: float | None = None
+        self._gave_up = False
 
     def expire(self, step: int) -> None:
-        """Resample the held groups that ``step`` may no longer train."""
-        for item in self._schedule.expired(step):
-            self._resample_or_drop(item)
+        """Note that ``step`` begins, and resample the held groups it may no longer train."""
+        self._step_start = trio.current_time()
+        self._first = self._first or (step, self._step_start)
+        self._sent_back.extend(self._schedule.expired(step))
 
     async def next_minibatch(self, step: int) -> Minibatch | None:
         """Receive what the schedule needs, then its decision: the next minibatch of ``step``, or None."""
         while (need := self._schedule.need(step, self.ended)) is Need.ANOTHER_GROUP:
-            try:
-                self._sort(await self._groups.receive(), step)
-            except trio.EndOfChannel:
-                self.ended = True
-        if need is Need.THIS_INSTANT and not self.ended:
-            await settle(TRAINER_FIRST)
-            self._sort_ready(step)
+            await self._receive(step)
+        if need is Need.THIS_INSTANT or self._sent_back:
+            await self.sort_this_instant(step)
         return self._schedule.next_minibatch(step)
 
     async def sort_this_instant(self, step: int) -> None:
-        """Sort, for ``step``, every group delivered by the end of the current instant."""
+        """Sort, for ``step``, every group delivered by the end of the current instant; send back what is resampled."""
         if not self.ended:
             await settle(TRAINER_FIRST)
             self._sort_ready(step)
+        if self._resample is not None:
+            self._ledger.read_notes()
+            if self._data_ended is None and self._ledger.dataloader_done:
+                self._data_ended = trio.current_time()
+        if self._sent_back:
+            self._send_back()
 
     async def stop(self) -> None:
         """Cancel the rollouts still running and drop what they deliver: those items stay owed, and a resume samples them."""
@@ -503,15 +518,49 @@ class GroupIntake:
         filtered, self._filtered = self._filtered, []
         return filtered
 
-    def _sort_ready(self, step: int) -> None:
+    async def _receive(self, step: int) -> None:
+        """Wait for a group and sort it; past the schedule's patience, give up the rollouts still running."""
+        if self._sent_back or (self._resample is not None and self._data_ended is None):
+            if not self._sent_back and self._sort_ready(step):
+                return  # no wait: groups had arrived
+            # Waiting needs what was sent back handed on, and the end of data seen, at a settled instant.
+            await self.sort_this_instant(step)
+            if self._schedule.need(step, self.ended) is not Need.ANOTHER_GROUP:
+                return
+        deadline = self._patience(step)
+        # A scope only where there is a deadline: most waits have none.
+        with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
+            try:
+                self._sort(await self._groups.receive(), step)
+            except trio.EndOfChannel:
+                self.ended = True
+            return
+        await self.sort_this_instant(step)
+        if self._schedule.need(step, self.ended) is Need.ANOTHER_GROUP:
+            # Each one delivers as given up, and is dropped: the data has ended.
+            self._gave_up = True
+            self._weights.give_up_all()
+
+    def _patience(self, step: int) -> float:
+        if self._gave_up or self._first is None or self._data_ended is None:
+            return math.inf
+        first_step, first_start = self._first
+        clock = StepClock(first_start, self._step_start, step - first_step, self._data_ended)
+        at = self._schedule.stop_waiting_at(clock)
+        return math.inf if at is None else at
+
+    def _sort_ready(self, step: int) -> int:
+        """Sort every group already delivered; how many there were."""
+        sorted_ = 0
         while True:
             try:
                 self._sort(self._groups.receive_nowait(), step)
             except trio.WouldBlock:
-                return
+                return sorted_
             except trio.EndOfChannel:
                 self.ended = True
-                return
+                return sorted_
+            sorted_ += 1
 
     def _sort(self, delivery: Delivery, step: int) -> None:
         verdict = self._schedule.sort(delivery, step)
@@ -520,25 +569,28 @@ class GroupIntake:
             self._ledger.retire([delivery.item.key])
             self._gate.consume(1)
         elif verdict is Verdict.RESAMPLE:
-            self._resample_or_drop(delivery.item)
+            self._sent_back.append(delivery.item)
         elif verdict is Verdict.FILTER:
             assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"
             self._filtered.append(delivery)
             self._ledger.retire([delivery.item.key])
             self._gate.consume(1)
 
-    def _resample_or_drop(self, item: WorkItem) -> None:
+    def _send_back(self) -> None:
+        """Hand what is to be sampled again to the dataloader, in dataset order; once it is done, drop it."""
         assert self._resample is not None, "a schedule that resamples opens the back edge (Schedule.resamples)"
-        try:
-            self._resample.send_nowait(replace(item, attempt=item.attempt + 1))
-        except trio.BrokenResourceError:
-            # The dataloader closed the back edge: the data has run out.
-            self.dropped_stale += 1
-            self._ledger.retire([item.key])
-        else:
-            self.requeued += 1
+        items, self._sent_back = sorted(self._sent_back, key=lambda item: (item.key, item.attempt)), []
+        for item in items:
+            try:
+                self._resample.send_nowait(replace(item, attempt=item.attempt + 1))
+            except trio.BrokenResourceError:
+                # The dataloader closed the back edge: the data has run out.
+                self.dropped_stale += 1
+                self._ledger.retire([item.key])
+            else:
+                self.requeued += 1
         # A resampled item is handed out again ahead of fresh ones and needs no slot.
-        self._gate.consume(1)
+        self._gate.consume(len(items))
 
 
 class Trainer:

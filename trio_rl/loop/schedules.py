@@ -5,7 +5,7 @@
 | :class:`Sync` | exactly the weights of its step (dataset batch ``s`` is step ``s``) | its batch, split into ``num_substeps`` optimizer steps | nothing |
 | :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | nothing |
 | :class:`Pace` | weights at most K steps older than its step (group ``n`` is step ``n // B``) | its B groups, in admission order; stragglers are waited for | nothing |
-| :class:`Requeue` | the newest weights when it starts | the B oldest groups at most K steps stale | stale groups, while the dataset has data (then they are dropped) |
+| :class:`Requeue` | the newest weights when it starts | the B oldest groups at most K steps stale | stale groups, while the dataset has data (then they are dropped, and at the end stragglers are given up) |
 | :class:`~trio_rl.loop.oldest_first.OldestFirst` | the newest weights when it starts | the B completed groups sampled from the oldest weights, however stale (tinker-cookbook 0.6.1) | nothing |
 
 A schedule decides and does nothing else: it never receives, sends, waits,
@@ -22,7 +22,8 @@ counts or touches the ledger. The pipeline's stages ask it:
   step, skip it (it failed), filter it out, or have it sampled again; at each step's start,
   :meth:`Schedule.expired`: kept groups that became too stale; and for each
   minibatch, :meth:`Schedule.need` (must more groups arrive before it is
-  decided?) and then :meth:`Schedule.next_minibatch`.
+  decided?), :meth:`Schedule.stop_waiting_at` (until when, once the data has
+  ended?) and then :meth:`Schedule.next_minibatch`.
 
 A schedule holds the groups it kept for one run: :meth:`trio_rl.Config.schedule`
 builds a fresh one for each run. Nothing else in trio_rl asks which mode a run is in.
@@ -109,6 +110,24 @@ class Minibatch:
     skipped: int = 0
 
 
+@dataclass(frozen=True)
+class StepClock:
+    """When the trainer's steps of this run began, and when it saw the data end (Trio's clock).
+
+    Attributes:
+        first_start: when this run's first step began.
+        start: when the step being prepared began.
+        steps: the steps this run began before it.
+        data_ended: when the trainer, about to wait, found that every item had
+            been handed out and that none could be sampled again.
+    """
+
+    first_start: float
+    start: float
+    steps: int
+    data_ended: float
+
+
 def _by_order(group: FinishedGroup) -> tuple[int, int]:
     return group.item.order, group.item.attempt
 
@@ -156,6 +175,14 @@ class Schedule(ABC):
     def expired(self, step: int) -> list[WorkItem]:
         """Items of kept groups that ``step`` may no longer train, to be resampled (asked at each step's start)."""
         return []
+
+    def stop_waiting_at(self, clock: StepClock) -> float | None:
+        """Once the data has ended, when a step stops waiting for the rollouts still running (Trio's clock).
+
+        From then on they are given up, counted as dropped, and the step trains
+        what it holds. None: it waits for them.
+        """
+        return None
 
     @abstractmethod
     def need(self, step: int, ended: bool) -> Need:
@@ -333,11 +360,30 @@ class Requeue(Schedule):
     """Off-policy that never waits for stragglers: train the oldest fresh groups, resample stale ones.
 
     A rollout still running when its weights become more than K steps old is
-    given up and resampled too. Groups resampled while the dataset still has
-    data are sampled again; after that they are dropped and counted (the
-    behaviour of trio_rl 0.5.5's default). Kept groups are pooled by the weights
-    version they were sampled from, so expiring stale ones touches only the
-    versions that fell out of the window, never the whole pool.
+    given up and resampled too. A group is sent back at the end of the instant
+    its verdict falls (once every task due then has run): it is sampled again
+    if the dataloader still had data then, and dropped and counted
+    (``async/dropped_stale``) otherwise, so the choice never depends on which
+    task Trio ran first. This is tinker-cookbook 0.5.5's policy
+    (``do_async_training``: stale groups requeued until the dataloader is done,
+    discarded after), except that 0.5.5 never gives up a running rollout and
+    leaves a last, partial batch untrained.
+
+    At the end of data (every item handed out, none can be sampled again) no
+    newer weights are published while a step waits, so none would be given up
+    and the last step would wait for its slowest rollout, 0.5.5 too. Here time
+    stands in for the versions that no longer come: a step waits for the
+    rollouts still running at most K + 1 times this run's mean step time (from
+    its first step's start to this step's), counted from this step's start or
+    from when the trainer, about to wait, found the data ended, whichever is
+    later (:class:`StepClock`). Then every rollout still running is given up,
+    dropped and counted like a stale group, and the step trains what it holds:
+    a final, smaller step, or none. A run's first step has no pace to go by and
+    waits (``per_rollout_timeout`` bounds it).
+
+    Kept groups are pooled by the weights version they were sampled from, so
+    expiring stale ones touches only the versions that fell out of the window,
+    never the whole pool.
     """
 
     resamples = True
@@ -355,6 +401,12 @@ class Requeue(Schedule):
 
     def gives_up_at(self, version: int) -> int | None:
         return version + self.staleness_limit + 1
+
+    def stop_waiting_at(self, clock: StepClock) -> float | None:
+        if clock.steps == 0:
+            return None
+        mean_step = (clock.start - clock.first_start) / clock.steps
+        return max(clock.start, clock.data_ended) + (self.staleness_limit + 1) * mean_step
 
     def admit(self, position: Position, start_step: int) -> Admission:
         return Admission(

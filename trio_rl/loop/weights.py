@@ -23,6 +23,7 @@ class LatestWeights:
         self._client: SamplingClient | None = None
         self._published = trio.Event()
         self._expiring: dict[int, list[trio.CancelScope]] = defaultdict(list)
+        self._giving_up = False
 
     @property
     def version(self) -> int:
@@ -62,7 +63,18 @@ class LatestWeights:
         Lets a rollout be given up the moment its weights become too stale,
         without a task per rollout watching the version.
         """
-        if self._version >= version:
+        if self._version >= version or self._giving_up:
             scope.cancel()
         else:
             self._expiring[version].append(scope)
+
+    def give_up_all(self) -> None:
+        """Cancel every scope passed to :meth:`cancel_at`, now and from now on, whatever its version.
+
+        The end of a "requeue" run: the rollouts still running will not be waited for.
+        """
+        self._giving_up = True
+        for scopes in self._expiring.values():
+            for scope in scopes:
+                scope.cancel()
+        self._expiring.clear()
