@@ -183,10 +183,10 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
-            first = await begin.training_client.save_weights_for_sampler(
-                f"{begin.step:06d}", inflight=config.inflight_weights()
+            name, inflight = f"{begin.step:06d}", config.inflight_weights()
+            run.weights.publish(
+                begin.step, await begin.training_client.save_weights_for_sampler(name, inflight=inflight)
             )
-            run.weights.publish(begin.step, first)
             task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
             outcome = await run_pipeline(
                 nursery,
@@ -195,26 +195,32 @@ async def train(
                 rollout=rollout,
                 trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
                 runner=_step_runner(config, begin.training_client, run.weights),
-                checkpoints=CheckpointKeeper(
-                    checkpoint_log,
-                    begin.training_client,
-                    run.ledger,
-                    run.weights,
-                    shielded=config.save_on_cancel,
-                    cancel_save_timeout=config.cancel_save_timeout,
-                ),
-                evaluation=Evaluation(
-                    tuple(evaluators),
-                    config.eval_every,
-                    config.eval_timeout,
-                    owed=await _owed_evaluations(config, backend, begin, has_evaluators=bool(evaluators)),
-                ),
+                checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
+                evaluation=await _evaluation(config, backend, begin, evaluators),
             )
     finally:
         if run is not None:
             run.metrics.close()
     assert run is not None, "the run was opened before its pipeline returned"
     return _result(outcome, run.metrics, Path(config.log_path), begin.step)
+
+
+def _checkpoint_keeper(config: Config, log: CheckpointLog, begin: run_folder.Start, run: Run) -> CheckpointKeeper:
+    return CheckpointKeeper(
+        log,
+        begin.training_client,
+        run.ledger,
+        run.weights,
+        shielded=config.save_on_cancel,
+        cancel_save_timeout=config.cancel_save_timeout,
+    )
+
+
+async def _evaluation(
+    config: Config, backend: Backend, begin: run_folder.Start, evaluators: Sequence[SamplingClientEvaluator]
+) -> Evaluation:
+    owed = await _owed_evaluations(config, backend, begin, has_evaluators=bool(evaluators))
+    return Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout, owed=owed)
 
 
 def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, live_buffer: int) -> Run:
