@@ -197,6 +197,12 @@ def main() -> None:
         f"{workload.TOKEN_LATENCY_S * 1e3:g} ms/token, forward_backward {workload.TRAIN_S} s; virtual time"
     )
     print(f"python {platform.python_version()}, trio {trio.__version__}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    wait = workload.group_wait_s(args.steps, args.draw)
+    limit = workload.sampler_bound_limit(args.steps, sum(lengths))
+    print(
+        f"token lag floor: a token waits {wait:.3f} s (token-weighted) for its group's longest answer, "
+        f"{wait * args.steps / (1.2 * limit):.2f} steps at 1.2x the limit ({limit:.1f} s)"
+    )
     header = (
         f"{'mode':<25} {'makespan s':>10} {'limit s':>8} {'ratio':>6} {'util':>5} {'stale mean':>10} "
         f"{'stale max':>9} {'trained':>7} {'requeued':>8} {'dropped':>7} {'lag mean':>8} {'lag max':>7} {'wall s':>6}"

@@ -65,3 +65,23 @@ def sampler_bound_limit(steps: int, total_tokens: int) -> float:
     last step's training follows the last sample.
     """
     return max(total_tokens * TOKEN_LATENCY_S / SAMPLE_SLOTS, steps * TRAIN_S) + TRAIN_S
+
+
+def group_wait_s(steps: int = STEPS, draw: int = 0) -> float:
+    """Token-weighted mean time from a token's production to the end of its group's longest answer.
+
+    With a group's answers started together, a token produced at position ``p``
+    of its answer waits ``(longest - p) x token latency`` before its group can be
+    trained: its group's advantages need every answer's reward. Nothing that
+    trains whole groups can beat it, whatever its weights; multiplied by the
+    steps per second of a run, it is a floor of the mean token lag in steps.
+    """
+    waited = tokens = 0.0
+    for b in range(steps):
+        for g in range(GROUPS_PER_STEP):
+            lengths = [response_length(env_prompt(b, g, i), 0, draw) for i in range(GROUP_SIZE)]
+            longest = max(lengths)
+            for n in lengths:
+                waited += n * longest - n * (n + 1) / 2
+                tokens += n
+    return waited / tokens * TOKEN_LATENCY_S
