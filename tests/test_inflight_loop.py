@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from tinker import types as tinker_types
 from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import AsyncConfig, Config
+from trio_rl import _tinker_compat as compat
+from trio_rl.backends.protocol import token_versions
 from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.loop.determinism import derive_seed
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
@@ -131,3 +134,37 @@ async def test_a_cancel_during_an_inflight_publish_saves_a_state_its_record_desc
     trained = trained_keys(backend)
     assert len(trained) == len(set(trained)) == GROUPS
     assert resumed.trained_groups == GROUPS
+
+
+class SamplingEvaluatorFake:
+    """Samples a long answer after a delay, so later steps publish while it samples; records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool, list[int] | None]] = []
+
+    async def __call__(self, client: Any) -> dict[str, float]:
+        await trio.sleep(0.5)
+        response = await client.sample(
+            compat.model_input_from_ints([1, 2, 3]), 1, tinker_types.SamplingParams(max_tokens=30, seed=0)
+        )
+        versions = token_versions(response.sequences[0])
+        self.seen.append((client.version, getattr(client, "inflight", False), versions))
+        return {"test/version": float(client.version)}
+
+
+async def test_an_inflight_run_evaluates_each_step_on_exactly_its_weights(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    evaluator = SamplingEvaluatorFake()
+    backend = sampler_model(0)
+    config = inflight_config(log_path, eval_every=1, max_tokens=32)
+    with trio.fail_after(600):
+        await run_fake(config, FakeDataset(6, 4, FakeEnvSpec(group_size=3)), backend, evaluators=(evaluator,))
+    steps = [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "test/version" in r]
+    assert steps == list(range(7))
+    # Each evaluation sampled on a client pinned to its step's weights, though later steps were published
+    # while it sampled (an in-flight client would have produced some tokens from those).
+    assert [version for version, _, _ in evaluator.seen] == steps
+    assert all(not inflight and versions is None for _, inflight, versions in evaluator.seen)
+    inflight_publishes = [c for c in backend.calls_of("save_weights_for_sampler") if c.detail["inflight"]]
+    assert len(inflight_publishes) == 7

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -108,16 +109,25 @@ class EvalRequests:
         send: trio.MemorySendChannel[tuple[int, SamplingClient]],
         weights: LatestWeights,
         owed: OwedEvaluations | None = None,
+        pinned: Callable[[int, SamplingClient], Awaitable[SamplingClient]] | None = None,
     ) -> None:
         self._schedule = schedule
         self._send = send
         self._weights = weights
         self.owed = owed if owed is not None else OwedEvaluations()
+        self._pinned = pinned
 
     async def request_if_due(self, version: int, *, final: bool = False) -> None:
-        """Send ``version``'s sampling client to the evaluator if its evaluation is due."""
+        """Send ``version``'s sampling client to the evaluator if its evaluation is due.
+
+        With ``pinned`` (an in-flight run's ``StepRunner.weights_to_evaluate``), the
+        client sent is one pinned to ``version``'s weights.
+        """
         if self._schedule.due(version, final=final):
-            await self.request(version, self._weights.latest()[1])
+            client = self._weights.latest()[1]
+            if self._pinned is not None:
+                client = await self._pinned(version, client)
+            await self.request(version, client)
 
     async def request(self, version: int, client: SamplingClient) -> None:
         """Send ``client`` to be evaluated as version ``version`` (one owed from before a resume)."""

@@ -181,7 +181,10 @@ async def run_pipeline(
     # A crashing trainer leaves its channels open, so that no stage mistakes
     # the crash for the end of data (and raises beside it).
     with closed_unless_crashed(*(c for c in (groups_recv, evals_send, resample_send) if c is not None)):
-        evals = EvalRequests(EvalSchedule(bool(evaluation.evaluators), evaluation.every), evals_send, run.weights, owed)
+        schedule = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
+        # In flight, the latest client adopts later weights while it samples: evaluations get pinned ones.
+        pinned = runner.weights_to_evaluate if trainer.inflight_weights else None
+        evals = EvalRequests(schedule, evals_send, run.weights, owed, pinned)
         return await Trainer(
             trainer,
             run=run,

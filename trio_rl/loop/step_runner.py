@@ -9,7 +9,7 @@ from typing import Any
 
 from tinker import types as tinker_types
 
-from ..backends.protocol import PendingResult, TrainingClient
+from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
 from ..rl.data import without_mask
 from ..rl.kl import incorporate_kl_penalty
 from ..types import Metrics
@@ -123,6 +123,17 @@ class StepRunner:
             self._weights.advance(done.step + 1)
         self._current = None
         return done
+
+    async def weights_to_evaluate(self, version: int, latest: SamplingClient) -> SamplingClient:
+        """A client for exactly the weights of ``version``, the latest published: ``latest``, or a snapshot of it.
+
+        Call it between steps, when the training client holds ``version``'s weights.
+        An in-flight client (``latest`` in an in-flight run) adopts the next step's
+        weights while it samples, so an evaluation gets a snapshot saved now instead.
+        """
+        if not self._inflight:
+            return latest
+        return await self._client.save_weights_for_sampler(f"{version:06d}-eval")
 
     async def finish_interrupted(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
         """Complete a step that was cancelled after it had submitted work; None if it had not.
