@@ -6,8 +6,11 @@ Run: ``.venv/bin/python bench/instructions_per_group.py [--mode sync|requeue|pac
 Runs bench/pipeline.py's zero-latency cell twice under ``valgrind --tool=callgrind``,
 with ``--small`` and ``--large`` steps, and divides the difference in instructions
 by the difference in groups: start-up and imports cancel out. Wall-clock CPU time
-on a shared machine moves by 10-30% between runs; this count repeats to within
-a fraction of a percent, so it shows whether a change to the per-group path helps.
+on a shared machine moves by 10-30% between runs; this count moves much less, so it
+shows whether a change to the per-group path helps. It is not exact in the async
+modes: the cell runs in real time, and how many scheduler passes the trainer and
+the workers take depends on timing (so on the machine's load), so repeat a run
+there before reading a small difference.
 
 Every mode trains the same loss, ``importance_sampling`` (bench/pipeline.py's
 ``LOSS_FN``), set explicitly in the async cells: async runs otherwise train
