@@ -1,13 +1,23 @@
 """CPU work per group in instructions, which load on the machine does not change.
 
-Run: ``.venv/bin/python bench/instructions_per_group.py [--mode sync|requeue|pace]``
+Run: ``.venv/bin/python bench/instructions_per_group.py [--mode sync|requeue|pace|oldest_first]``
 (needs valgrind; ``apt-get install valgrind``).
 
 Runs bench/pipeline.py's zero-latency cell twice under ``valgrind --tool=callgrind``,
 with ``--small`` and ``--large`` steps, and divides the difference in instructions
 by the difference in groups: start-up and imports cancel out. Wall-clock CPU time
-on a shared machine moves by 10-30% between runs; this count repeats to within
-a fraction of a percent, so it shows whether a change to the per-group path helps.
+on a shared machine moves by 10-30% between runs; this count moves much less, so it
+shows whether a change to the per-group path helps. It is not exact in the async
+modes: the cell runs in real time, and how many scheduler passes the trainer and
+the workers take depends on timing (so on the machine's load), so repeat a run
+there before reading a small difference.
+
+Every mode trains the same loss, ``importance_sampling`` (bench/pipeline.py's
+``LOSS_FN``), set explicitly in the async cells: async runs otherwise train
+``AsyncConfig.loss_fn``, whose default became tinker-cookbook 0.6.1's
+``stable_reinforce``, whose datums carry more per-token inputs. A count that
+changed with the default loss would measure the loss, not the loop, and would
+not compare with the counts taken when every mode trained ``importance_sampling``.
 """
 
 from __future__ import annotations
@@ -49,11 +59,11 @@ def instructions(steps: int, mode: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["sync", "requeue", "pace"], default="requeue")
+    parser.add_argument("--mode", choices=["sync", "requeue", "pace", "oldest_first"], default="requeue")
     parser.add_argument("--small", type=int, default=10)
     parser.add_argument("--large", type=int, default=40)
     args = parser.parse_args()
-    mode = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}[args.mode]
+    mode = "sync" if args.mode == "sync" else f"async K=1 {args.mode}"
     small, large = instructions(args.small, mode), instructions(args.large, mode)
     groups = (args.large - args.small) * bench.GROUPS_PER_STEP
     print(f"{args.mode}: {(large - small) / groups / 1e6:.3f} M instructions per group ({groups} groups)")

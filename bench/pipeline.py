@@ -37,6 +37,11 @@ from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 GROUPS_PER_STEP = 8
 GROUP_SIZE = 4
+LOSS_FN = "importance_sampling"
+"""The loss every cell trains, sync and async alike. Async runs default to
+``AsyncConfig.loss_fn`` ("stable_reinforce", tinker-cookbook 0.6.1's), whose datums
+carry extra per-token inputs; pinning one loss keeps the cells comparable with each
+other and with the benchmark's history, which trained this loss in every mode."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,12 @@ CELLS = [
 
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
-    "async K=1 requeue": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "requeue")},
-    "async K=1 pace": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "pace")},
-    "async K=1 oldest_first": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first")},
-    "async K=1 inflight": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first", inflight_weights=True)},
+    "async K=1 requeue": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "requeue", loss_fn=LOSS_FN)},
+    "async K=1 pace": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "pace", loss_fn=LOSS_FN)},
+    "async K=1 oldest_first": {"async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first", loss_fn=LOSS_FN)},
+    "async K=1 inflight": {
+        "async_config": AsyncConfig(1, GROUPS_PER_STEP, "oldest_first", loss_fn=LOSS_FN, inflight_weights=True)
+    },
 }
 
 
@@ -119,9 +126,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.tuned_gc:
         tune_gc_for_training()
-    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, trio {trio.__version__}")
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, trio {trio.__version__}"
+    )
     print(f"garbage collector: {'tune_gc_for_training()' if args.tuned_gc else 'CPython defaults'}")
-    print(f"{'cell':<18} {'mode':<18} {'steps':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'CPU us/group':>12} {'wasted':>6}")
+    print(
+        f"{'cell':<18} {'mode':<18} {'steps':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'CPU us/group':>12} {'wasted':>6}"
+    )
     for cell in CELLS:
         if args.quick:
             cell = Cell(cell.name, max(2, cell.steps // 5), cell.sample_s, cell.train_s)

@@ -8,20 +8,12 @@ from typing import Any, Literal
 
 from tinker import types as tinker_types
 
-from . import config_json
+from . import config_derived, config_json
 from .asyncio_bridge import BridgeMode
 from .config_checks import LOSS_FNS, check_async_config, check_stream_config, validate_config
-from .loop.oldest_first import OldestFirst
-from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
+from .loop.schedules import Schedule
 from .rl.kl import KLReferenceConfig
-from .rl.rollouts import (
-    ErrorStrategy,
-    FailFast,
-    MinViableGroup,
-    RetryOnFailure,
-    default_rollout_strategy_for_model,
-    rollout_strategy_from_config,
-)
+from .rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
 
 __all__ = ["LOSS_FNS", "AsyncConfig", "Config", "StreamMinibatchConfig"]
 
@@ -188,18 +180,7 @@ class Config:
             dataset_batch_size: groups in the dataset's first batch; sync and stream
                 steps follow each batch's own size, this only names the usual one.
         """
-        if self.async_config is not None:
-            ac = self.async_config
-            if ac.staleness == "oldest_first":
-                return OldestFirst(
-                    ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy, self.remove_constant_reward_groups
-                )
-            policy = Pace if ac.staleness == "pace" else Requeue
-            return policy(ac.groups_per_batch, self.num_substeps, ac.max_steps_off_policy)
-        if self.stream_minibatch_config is not None:
-            sc = self.stream_minibatch_config
-            return Stream(sc.groups_per_batch, sc.num_minibatches, self.num_substeps)
-        return Sync(max(1, dataset_batch_size), self.num_substeps)
+        return config_derived.schedule_for(self, dataset_batch_size)
 
     def training_loss_fn(self) -> str:
         """The loss this run trains with: ``async_config.loss_fn`` in async mode, ``loss_fn`` otherwise.
@@ -214,26 +195,15 @@ class Config:
 
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``)."""
-        if self.rollout_error_tolerance is None:
-            return default_rollout_strategy_for_model(self.base_model)
-        return rollout_strategy_from_config(self.rollout_error_tolerance)
+        return config_derived.rollout_strategy(self)
 
     def adam_params(self) -> tinker_types.AdamParams:
         """The ``AdamParams`` sent with every ``optim_step``."""
-        return tinker_types.AdamParams(
-            learning_rate=self.learning_rate,
-            beta1=self.adam_beta1,
-            beta2=self.adam_beta2,
-            eps=self.adam_eps,
-            weight_decay=self.weight_decay,
-            grad_clip_norm=self.grad_clip_norm,
-        )
+        return config_derived.adam_params(self)
 
     def sampling_params(self) -> tinker_types.SamplingParams:
         """Sampling parameters for rollouts; each turn adds its own seed and stop condition."""
-        return tinker_types.SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
-        )
+        return config_derived.sampling_params(self)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able view, written beside the metrics as ``config.json``; :meth:`from_json` reads it back."""
