@@ -461,9 +461,12 @@ class FakeTrainingClient:
     ) -> _FakePending:
         backend = self._backend
         tokens = sum(compat.token_count(d.model_input) for d in data)
-        # A fake env's prompt starts with its group's identity (see FakeEnv).
-        groups = sorted({_fake_group_key(d) for d in data})
-        backend._record("forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups)
+        if backend.record_calls:
+            # A fake env's prompt starts with its group's identity (see FakeEnv).
+            groups = sorted({_fake_group_key(d) for d in data})
+            backend._record(
+                "forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups
+            )
         await trio.lowlevel.checkpoint()
         outputs = [{"logprobs": compat.tensor([-0.5] * compat.token_count(d.model_input), "float32")} for d in data]
         value = compat.forward_backward_output(outputs, {"loss:sum": float(tokens) * 0.5})
