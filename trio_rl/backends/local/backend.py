@@ -68,15 +68,17 @@ class LocalBackend(InProcessBackend):
         num_threads: int | None = 1,
         inflight_recompute_kv: bool = False,
     ) -> None:
-        if max_batch_rows < 1:
-            raise ValueError("max_batch_rows must be at least 1")
+        for name, value in (
+            ("max_batch_rows", max_batch_rows),
+            ("num_threads", 1 if num_threads is None else num_threads),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1")
         self._model_config = model_config if model_config is not None else ModelConfig()
         self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
         self._runtime = BackendRuntime(
             Path(log_dir), seed, max_batch_rows, prefix_cache_bytes, inflight_recompute_kv=inflight_recompute_kv
         )
-        if num_threads is not None and num_threads < 1:
-            raise ValueError("num_threads must be at least 1")
         self._num_threads = num_threads
         self._base_seeds: dict[str, int] = {}
 
@@ -172,14 +174,15 @@ class LocalBackend(InProcessBackend):
             ValueError: if it holds no optimizer state and one was asked for.
         """
         self._runtime.require_entered()
-
-        def load() -> LocalTrainingClient:
-            ckpt = load_checkpoint(Path(path), with_optimizer=with_optimizer)
-            model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
-            model.load_state_dict(ckpt.weights)
-            return LocalTrainingClient(self._runtime, model, ckpt.tokenizer, ckpt.adam)
-
+        load = partial(_saved_trainer, self._runtime, path, with_optimizer)
         return await trio.to_thread.run_sync(load, limiter=self._runtime.limiter)
+
+
+def _saved_trainer(runtime: BackendRuntime, path: str, with_optimizer: bool) -> LocalTrainingClient:
+    ckpt = load_checkpoint(Path(path), with_optimizer=with_optimizer)
+    model = TransformerLM(ckpt.model_config, ckpt.tokenizer.vocab_size)
+    model.load_state_dict(ckpt.weights)
+    return LocalTrainingClient(runtime, model, ckpt.tokenizer, ckpt.adam)
 
 
 def _saved_sampler(runtime: BackendRuntime, path: str) -> LocalSamplingClient:
