@@ -210,6 +210,7 @@ def scenario(**drawn: Any) -> dict[str, Any]:
         "save_every": 0,
         "eval_latency": 0.0,
         "cancel_at": None,
+        "inflight": False,
         "scheduling_seeds": [0, 1],
     }
     return {**s, **drawn}
