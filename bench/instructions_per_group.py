@@ -12,6 +12,14 @@ modes: the cell runs in real time, and how many scheduler passes the trainer and
 the workers take depends on timing (so on the machine's load), so repeat a run
 there before reading a small difference.
 
+The cell runs under the loop's own garbage-collector policy, as the command
+line runs a training run (:func:`trio_rl.loop.gc_policy.tune_gc_for_training`:
+what was alive after the imports is frozen out of the collector's scans, and
+collections are rarer). Under CPython's default policy each full collection
+rescans every import-time object, so the count moved with whatever a change
+imported and with where a full collection fell, by a few percent, rather than
+with the work per group.
+
 Every mode trains the same loss, ``importance_sampling`` (bench/pipeline.py's
 ``LOSS_FN``), set explicitly in the async cells: async runs otherwise train
 ``AsyncConfig.loss_fn``, whose default became tinker-cookbook 0.6.1's
@@ -37,6 +45,8 @@ from pathlib import Path
 sys.path.insert(0, {bench_dir!r})
 import trio
 import pipeline as bench
+from trio_rl.loop.gc_policy import tune_gc_for_training
+tune_gc_for_training()
 cell = bench.Cell("a", {steps}, 0.0, 0.0)
 with tempfile.TemporaryDirectory() as tmp:
     trio.run(bench.run_cell, cell, bench.MODES[{mode!r}], Path(tmp))
