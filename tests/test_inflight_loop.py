@@ -168,3 +168,34 @@ async def test_an_inflight_run_evaluates_each_step_on_exactly_its_weights(
     assert all(not inflight and versions is None for _, inflight, versions in evaluator.seen)
     inflight_publishes = [c for c in backend.calls_of("save_weights_for_sampler") if c.detail["inflight"]]
     assert len(inflight_publishes) == 7
+
+
+class PredatesInflightTrainingClient:
+    """A user's training-client wrapper written before in-flight weights: ``save_weights_for_sampler(name)`` only."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def save_weights_for_sampler(self, name: str) -> Any:
+        return await self.inner.save_weights_for_sampler(name)
+
+
+class PredatesInflightBackendFake(FakeBackend):
+    async def create_training_client(self, **kwargs: Any) -> Any:
+        return PredatesInflightTrainingClient(await super().create_training_client(**kwargs))
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+async def test_a_training_client_without_the_inflight_argument_still_runs_snapshot_runs(
+    log_path: Path, async_mode: bool, autojump_clock: MockClock
+) -> None:
+    async_config = AsyncConfig(1, 4, loss_fn="importance_sampling") if async_mode else None
+    config = make_config(log_path, "oldest_first" if async_mode else "sync", async_config=async_config)
+    backend = PredatesInflightBackendFake()
+    with trio.fail_after(600):
+        result = await run_fake(config, FakeDataset(3, 4), backend)
+    assert result.trained_groups == 12
+    assert [c.detail["inflight"] for c in backend.calls_of("save_weights_for_sampler")] == [False] * 4

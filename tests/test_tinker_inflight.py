@@ -29,8 +29,6 @@ from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends import protocol
 from trio_rl.backends.tinker import InflightWeightsRefusedError, TinkerBackend, TinkerTrainingClient
-from trio_rl.cli import EXIT_CONFIG_ERROR, run_cli
-from trio_rl.cli.reporting import distinct_leaves
 from trio_rl.testing import FakeDataset
 
 needs_inflight = pytest.mark.skipif(
@@ -244,6 +242,8 @@ async def test_a_run_with_inflight_weights_trains_every_group_once(tmp_path: Pat
 @needs_inflight
 @pytest.mark.parametrize("kind", ["request_failed", "bad_request"])
 async def test_a_server_refusing_inflight_weights_fails_the_run_before_any_rollout(tmp_path: Path, kind: str) -> None:
+    from trio_rl.cli.reporting import distinct_leaves
+
     reply = refusal(kind)
     with open_standin_service(inflight_refusal=reply) as service:
         with trio.fail_after(20):
@@ -260,6 +260,9 @@ async def test_a_server_refusing_inflight_weights_fails_the_run_before_any_rollo
 
 @needs_inflight
 def test_the_command_line_reports_a_refused_inflight_save_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("tyro")  # the command line's; the SkyRL stage's venv has none
+    from trio_rl.cli import EXIT_CONFIG_ERROR, run_cli
+
     out = io.StringIO()
     with open_standin_service(inflight_refusal=refusal("request_failed")) as service:
         backend = TinkerBackend(service_client=service)

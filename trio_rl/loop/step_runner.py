@@ -18,6 +18,17 @@ from .weights import LatestWeights
 from .work import FinishedGroup
 
 
+async def publish_weights(client: TrainingClient, name: str, *, inflight: bool) -> SamplingClient:
+    """Save ``client``'s weights for sampling as ``name``, in flight where asked.
+
+    A snapshot save passes no ``inflight`` argument, so a training client written
+    before in-flight weights existed (a user's wrapper, a test double) still works.
+    """
+    if inflight:
+        return await client.save_weights_for_sampler(name, inflight=True)
+    return await client.save_weights_for_sampler(name)
+
+
 @dataclass
 class TrainedStep:
     """What one training step did.
@@ -117,7 +128,7 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._client.save_weights_for_sampler(f"{done.step + 1:06d}", inflight=self._inflight)
+            sampler = await publish_weights(self._client, f"{done.step + 1:06d}", inflight=self._inflight)
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)

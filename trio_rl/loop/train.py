@@ -37,7 +37,7 @@ from .pipeline import (
     run_pipeline,
 )
 from .schedules import Schedule
-from .step_runner import StepRunner
+from .step_runner import StepRunner, publish_weights
 from .weights import LatestWeights
 
 
@@ -183,10 +183,10 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
-            name, inflight = f"{begin.step:06d}", config.inflight_weights()
-            run.weights.publish(
-                begin.step, await begin.training_client.save_weights_for_sampler(name, inflight=inflight)
+            first = await publish_weights(
+                begin.training_client, f"{begin.step:06d}", inflight=config.inflight_weights()
             )
+            run.weights.publish(begin.step, first)
             task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
             outcome = await run_pipeline(
                 nursery,
