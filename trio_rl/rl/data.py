@@ -150,9 +150,7 @@ def trajectory_to_data(
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
         current.note_provenance(new_ob, transition.ac)
-        # An env marks a malformed action it does not want trained on (the cookbook's parse-error masking).
-        masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
-        current.extend_action(transition.ac, advantage, masked, turn)
+        current.extend_action(transition.ac, advantage, is_masked(transition), turn)
     if len(current.tokens) > 1:
         data.append(current.to_datum(loss_fn))
     return data
@@ -178,7 +176,7 @@ def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, 
         Their count, and their tally by version; None where a trained token's
         version is unknown (its sampler did not say).
     """
-    # On every group's path: no call per turn, and no tally unless some sampler gave versions.
+    # On every group's path: no tally unless some sampler gave versions.
     trained = 0
     tally: Counter[int] | None = None
     known = True
@@ -186,8 +184,7 @@ def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, 
         for transition in trajectory.transitions:
             action = transition.ac
             tokens = action.tokens
-            metrics = transition.metrics
-            if not tokens or (metrics and PARSE_ERROR_MASKED_METRIC_KEY in metrics and is_masked(transition)):
+            if not tokens or is_masked(transition):
                 continue
             trained += len(tokens)
             versions = action.token_versions
