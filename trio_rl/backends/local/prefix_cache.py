@@ -164,6 +164,8 @@ class PrefixCache:
         key = tuple(prompt)
         if not key or prefill.length != len(key):
             raise ValueError(f"a prefill of {prefill.length} tokens for a prompt of {len(key)}")
+        if self._max_bytes == 0:
+            return  # nothing would stay: skip the copies
         path, length, used = self._walk(key)
         if path and used < len(path[-1].tokens):
             path[-1] = self._split(path[-1], used)
