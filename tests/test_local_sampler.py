@@ -254,24 +254,3 @@ async def test_prefix_cache_is_not_shared_across_weights(tmp_path: Path) -> None
             assert after.prompt_cache_hit_tokens == 0
             assert after.sequences[0].logprobs != first.sequences[0].logprobs
             assert _seqs(await old.sample(_prompt("abc"), 1, params)) == _seqs(first)
-
-
-def test_prefix_cache_evicts_the_least_recently_used_beyond_its_bound() -> None:
-    from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
-
-    def prefill(n: int) -> Prefill:
-        return Prefill([(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))], torch.zeros(8))
-
-    one = prefill(2).nbytes
-    cache = PrefixCache(max_bytes=3 * one)
-    for key in ((1,), (2,), (3,)):
-        cache.put(key, prefill(2))
-    assert cache.get((1,)) is not None  # (2,) is now the least recently used
-    cache.put((4,), prefill(2))
-    assert cache.get((2,)) is None and len(cache) == 3
-    assert all(cache.get(k) is not None for k in ((1,), (3,), (4,)))
-    cache.put((5,), prefill(16))  # bigger than the bound alone: nothing is kept
-    assert len(cache) == 0
-    cache.put((6,), prefill(2))
-    cache.clear()
-    assert cache.get((6,)) is None

@@ -46,7 +46,8 @@ class HFBackend(InProcessBackend):
         seed: seeds unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes together.
         prefix_cache_bytes: bound of each sampling client's cache of prefilled
-            prompts (a prompt sent again is not prefilled again); ``0`` keeps none.
+            prompts (a prompt prefills only what follows the longest prefix
+            of it that the cache holds); ``0`` keeps none.
         max_seq_len: longest prompt plus sample, and longest training datum;
             default: the model's ``max_position_embeddings``.
         token_budget: most padded tokens per training micro-batch.

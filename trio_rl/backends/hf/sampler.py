@@ -39,7 +39,7 @@ from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
 from trio_rl.backends.local.batching import BatchingEngine, pick_tokens
-from trio_rl.backends.local.prefix_cache import Prefill
+from trio_rl.backends.local.prefix_cache import KV, Prefill
 from trio_rl.backends.local.requests import Row
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
@@ -203,22 +203,38 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         self._lengths = self._lengths + 1
         return logits
 
-    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
+    def _prefill_prompts(self, prompts: list[list[int]], pasts: list[KV] | None = None) -> list[Prefill]:
         from transformers import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        mask = _left_aligned_mask([len(p) for p in prompts], width)
-        tokens = torch.zeros_like(mask)
-        tokens[mask.bool()] = torch.tensor([t for p in prompts for t in p])
-        fresh = DynamicCache()
-        last = self._run_model(tokens, mask, (mask.cumsum(1) - 1).clamp(min=0), fresh)
-        layers: list[Any] = list(fresh.layers)  # full-attention layers: keys and values are tensors
-        return [
-            Prefill.copied(
-                [(x.keys[i : i + 1, :, width - n :], x.values[i : i + 1, :, width - n :]) for x in layers], last[i]
-            )
-            for i, n in enumerate(len(p) for p in prompts)
-        ]
+        # Row i is [its cached tokens, left-padded to `held`][its new tokens, left-padded to
+        # `width`]: a padding hole between the two is masked out, and the last column holds
+        # every row's last token. Position ids continue from the cached tokens.
+        kv_in = pasts if pasts is not None else [[] for _ in prompts]
+        done = [kv[0][0].shape[2] if kv else 0 for kv in kv_in]
+        todo = [len(p) - n for p, n in zip(prompts, done, strict=True)]
+        held, width = max(done), max(todo)
+        new_mask = _left_aligned_mask(todo, width)
+        tokens = torch.zeros_like(new_mask)
+        tokens[new_mask.bool()] = torch.tensor([t for p, n in zip(prompts, done, strict=True) for t in p[n:]])
+        positions = (torch.tensor(done)[:, None] + new_mask.cumsum(1) - 1).clamp(min=0)
+        past = DynamicCache()
+        mask = new_mask
+        if held:
+            some = next(kv for kv in kv_in if kv)
+            for layer in range(len(some)):
+                keys, values = (
+                    torch.cat([_left_pad(kv[layer][j] if kv else some[layer][j][:, :, :0], held, 2) for kv in kv_in])
+                    for j in (0, 1)
+                )
+                past.update(keys, values, layer)
+            mask = torch.cat([_left_aligned_mask(done, held), new_mask], dim=1)
+        last = self._run_model(tokens, mask, positions, past)
+        layers: list[Any] = list(past.layers)  # full-attention layers: keys and values are tensors
+
+        def row(x: Tensor, i: int) -> Tensor:
+            return torch.cat([x[i : i + 1, :, held - done[i] : held], x[i : i + 1, :, held + width - todo[i] :]], dim=2)
+
+        return [Prefill([(row(x.keys, i), row(x.values, i)) for x in layers], last[i]) for i in range(len(prompts))]
 
     def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
         from transformers import DynamicCache

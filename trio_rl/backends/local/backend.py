@@ -41,7 +41,8 @@ class LocalBackend(InProcessBackend):
         seed: seeds the seeds of unseeded training clients and unseeded sampling requests.
         max_batch_rows: most samples one sampling client decodes in one batch.
         prefix_cache_bytes: bound of each sampling client's cache of prefilled
-            prompts (a prompt sent again is not prefilled again); ``0`` keeps none.
+            prompts (a prompt prefills only what follows the longest prefix
+            of it that the cache holds); ``0`` keeps none.
         num_threads: torch intra-op threads while the backend is entered
             (``torch.set_num_threads`` is process-wide; the previous value is
             restored on exit). The default, 1, is deliberate: for models this

@@ -2,8 +2,9 @@
 
 :class:`DecodeBatch` is the part of :class:`~trio_rl.backends.local.batching.BatchingEngine`
 that runs the rows already admitted: one prefill for newly admitted requests (each distinct
-prompt once, through the prefix cache), one decode step for the running rows, token choice
-(:func:`pick_tokens`, one generator per sampled row), and the delivery of finished rows.
+prompt once, and only past its longest prefix in the prefix cache), one decode step for the
+running rows, token choice (:func:`pick_tokens`, one generator per sampled row), and the
+delivery of finished rows.
 The queue and the engine task that admits requests between decode steps are in
 :mod:`.batching`.
 
@@ -27,7 +28,7 @@ from tinker import types as tinker_types
 from torch import Tensor
 
 from trio_rl import _tinker_compat
-from trio_rl.backends.local.prefix_cache import DEFAULT_MAX_BYTES, Prefill, PrefixCache
+from trio_rl.backends.local.prefix_cache import DEFAULT_MAX_BYTES, KV, Prefill, PrefixCache, look_up
 from trio_rl.backends.local.requests import Request, Row, row_seed
 
 
@@ -118,8 +119,19 @@ class DecodeBatch:
         """One forward pass of every running row's last token; their next-token logits."""
         raise NotImplementedError
 
-    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
-        """One forward pass over distinct prompts; each one's keys, values and last logits (float64, CPU)."""
+    def _prefill_prompts(self, prompts: list[list[int]], pasts: list[KV] | None = None) -> list[Prefill]:
+        """One forward pass over distinct prompts; each one's keys, values and last logits (float64, CPU).
+
+        Args:
+            prompts: the prompts, at least one token each.
+            pasts: for each prompt, the keys and values of fewer than all its
+                first tokens, computed before (an empty list: none); the pass
+                computes only the rest, attending to them.
+
+        Returns:
+            Each prompt's prefill: keys and values of all its tokens (possibly
+            views of the pass's tensors) and the logits after its last token.
+        """
         raise NotImplementedError
 
     def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
@@ -177,22 +189,19 @@ class DecodeBatch:
             return self._choose(torch.cat(logits)) if logits else []
 
     def _prefill(self, admit: list[Request]) -> Tensor:
-        """Rows for the admitted requests, each distinct prompt prefilled once unless cached; their first logits."""
-        found: dict[tuple[int, ...], Prefill | None] = {}
-        for request in admit:
-            key = tuple(request.prompt)
-            if key in found:  # prefilled (or found) for an earlier request of this batch
-                request.cached_tokens = len(key)
-            else:
-                found[key] = self._prefixes.get(key)
-                request.cached_tokens = 0 if found[key] is None else len(key)
-        missing = [key for key, hit in found.items() if hit is None]
-        if missing:
-            for key, prefill in zip(missing, self._prefill_prompts([list(k) for k in missing]), strict=True):
+        """Rows for the admitted requests, each distinct prompt prefilled once past its longest cached prefix.
+
+        Returns:
+            The rows' first next-token logits.
+        """
+        found, todo = look_up(admit, self._prefixes)
+        if todo:
+            keys = list(todo)
+            computed = self._prefill_prompts([list(k) for k in keys], [todo[k].kv for k in keys])
+            for key, prefill in zip(keys, computed, strict=True):
                 found[key] = prefill
                 self._prefixes.put(key, prefill)
-        chosen = [found[tuple(r.prompt)] for r in admit]
-        prefills = [p for p in chosen if p is not None]
+        prefills = [found[tuple(r.prompt)] for r in admit]
         repeats = [r.num_samples for r in admit]
         for request in admit:
             self._new_rows(request)

@@ -85,13 +85,17 @@ class _Attention(nn.Module):
         qkv = self.qkv(x).view(batch, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if cache is not None:
-            assert write_slots is not None and length == 1
+            assert write_slots is not None
             cache_k, cache_v = cache
             rows = torch.arange(batch)
             # Each row writes its new key/value at its own length, so rows of
             # different lengths share one cache tensor without left-padding.
-            cache_k[rows, :, write_slots] = k[:, :, 0]
-            cache_v[rows, :, write_slots] = v[:, :, 0]
+            if write_slots.dim() == 1:  # a decode step
+                cache_k[rows, :, write_slots] = k[:, :, 0]
+                cache_v[rows, :, write_slots] = v[:, :, 0]
+            else:  # a prefill past cached keys: [batch, length] slots
+                cache_k[rows[:, None], :, write_slots] = k.transpose(1, 2)
+                cache_v[rows[:, None], :, write_slots] = v.transpose(1, 2)
             k, v = cache_k, cache_v
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(batch, length, width)
@@ -172,10 +176,11 @@ class TransformerLM(nn.Module):
             positions: ``[batch, length]`` position of each token in its sequence.
             mask: boolean attention mask broadcastable to ``[batch, heads, length, keys]``;
                 ``True`` where a query may attend to a key.
-            cache: for a decode step (``length == 1``), the key/value cache to
-                write the new token into and attend over; ``None`` to attend over
-                ``tokens`` themselves.
-            write_slots: ``[batch]`` cache slot of each row's new token (its length).
+            cache: the key/value cache to write the new tokens into and attend
+                over (a decode step, or a prefill past cached keys); ``None`` to
+                attend over ``tokens`` themselves.
+            write_slots: the cache slot of each new token: ``[batch]`` for a
+                decode step (each row's length), ``[batch, length]`` otherwise.
 
         Returns:
             ``[batch, length, vocab]`` logits and, per layer, the keys and values

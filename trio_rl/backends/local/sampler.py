@@ -40,7 +40,7 @@ from torch import Tensor
 
 from trio_rl.backends.local.batching import BatchingEngine, pick_tokens, row_seed
 from trio_rl.backends.local.model import KVCache, TransformerLM, causal_mask
-from trio_rl.backends.local.prefix_cache import Prefill
+from trio_rl.backends.local.prefix_cache import KV, Prefill
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
@@ -135,18 +135,27 @@ class SamplingEngine(BatchingEngine[TransformerLM]):
         out: Tensor = logits[:, 0]
         return out
 
-    def _prefill_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
-        lengths = torch.tensor([len(p) for p in prompts])
-        width = int(lengths.max())
+    def _prefill_prompts(self, prompts: list[list[int]], pasts: list[KV] | None = None) -> list[Prefill]:
+        # Each row's cached keys and values sit in slots [0, done); its new tokens,
+        # right-padded, write theirs from slot `done` on, as decode steps do, so a
+        # row's whole prompt ends up in slots [0, len(prompt)) of one tensor.
+        kv_in = pasts if pasts is not None else [[] for _ in prompts]
+        done = torch.tensor([kv[0][0].shape[2] if kv else 0 for kv in kv_in])
+        todo = torch.tensor([len(p) for p in prompts]) - done
+        width = int(todo.max())
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.tensor(prompt)
-        positions = torch.arange(width).expand(len(prompts), width)
-        hidden, kv = self._model.hidden(tokens, positions, causal_mask(lengths, width))
-        last = self._model.head(hidden[torch.arange(len(prompts)), lengths - 1])
+        for i, (prompt, start) in enumerate(zip(prompts, done.tolist(), strict=True)):
+            tokens[i, : len(prompt) - start] = torch.tensor(prompt[start:])
+        write = done[:, None] + torch.arange(width)  # padding writes past a row's end: slots no real query reads
+        slots = int(done.max()) + width
+        mask = (torch.arange(slots)[None, None, :] <= write[:, :, None])[:, None]
+        cache = [_slots_with(kv_in, layer, slots, self._model) for layer in range(self._model.config.n_layers)]
+        positions = write.clamp(max=self._model.config.max_seq_len - 1)
+        hidden, kv = self._model.hidden(tokens, positions, mask, cache, write_slots=write)
+        last = self._model.head(hidden[torch.arange(len(prompts)), todo - 1])
         return [
-            Prefill.copied([(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv], last[i])
-            for i, n in enumerate(lengths.tolist())
+            Prefill([(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv], last[i])
+            for i, n in enumerate(len(p) for p in prompts)
         ]
 
     def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
@@ -174,6 +183,20 @@ class SamplingEngine(BatchingEngine[TransformerLM]):
             self._cache = new_cache
         self._lengths = torch.cat([self._lengths, new_lengths])
         self._last = torch.cat([self._last, torch.zeros(len(new_lengths), dtype=torch.long)])
+
+
+def _slots_with(pasts: list[KV], layer: int, slots: int, model: TransformerLM) -> tuple[Tensor, Tensor]:
+    """A ``[rows, heads, slots, head_dim]`` key and value cache of one layer holding each row's past tokens first."""
+    config = model.config
+    shape = (len(pasts), config.n_heads, slots, config.d_model // config.n_heads)
+    dtype = model.head.weight.dtype
+    keys, values = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    for i, kv in enumerate(pasts):
+        if kv:
+            n = kv[layer][0].shape[2]
+            keys[i, :, :n] = kv[layer][0][0]
+            values[i, :, :n] = kv[layer][1][0]
+    return keys, values
 
 
 def _pad_slots(t: Tensor, slots: int) -> Tensor:
