@@ -69,7 +69,7 @@ def main() -> None:
     reward_ax, eval_ax = fig.subplots(2, 1, sharex=True)
     for i, spec in enumerate(args.modes):
         label, pattern = spec.split("=", 1)
-        folders = sorted(Path(p) for p in glob.glob(pattern))
+        folders = sorted(Path(p) for p in glob.glob(pattern) if (Path(p) / "metrics.jsonl").is_file())
         if not folders:
             raise SystemExit(f"{label}: no run folder matches {pattern}")
         runs = [_run(f) for f in folders]
