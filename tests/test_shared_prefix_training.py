@@ -230,3 +230,17 @@ def test_models_whose_cache_or_logits_differ_run_every_datum_whole() -> None:
     capped = _tiny("llama", "sdpa")
     capped.config.final_logit_softcapping = 30.0
     assert not training.shares_prefixes(capped)
+
+
+def test_groups_run_whole_when_the_cache_is_not_plain_keys_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _tiny("qwen3", "sdpa")
+    seqs, _ = _model_batch(300)
+    inputs = [DatumInputs(s[:-1], {"target_tokens": torch.tensor(s[1:])}) for s in seqs]
+    (part,) = micro_batches(inputs, 4096, min_prefix=8)
+    assert part.shared
+    shared = training.part_logprobs(model, inputs, part, torch.device("cpu"), "cross_entropy")
+    monkeypatch.setattr(training, "_repeat_rows", lambda cache, owner, prefixes: False)
+    whole = training.part_logprobs(model, inputs, part, torch.device("cpu"), "cross_entropy")
+    assert len(whole) == len(shared) == len(part.rows)
+    for got, want in zip(whole, shared, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
