@@ -113,9 +113,9 @@ def shares_prefixes(model: Any) -> bool:
     if getattr(config, "_attn_implementation", None) not in _MASKS_WITH_HOLES:
         return False
     layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return all(t == "full_attention" for t in layer_types)
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    if layer_types is None and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return False
     return cache_keyword(body) in inspect.signature(body.forward).parameters
 
