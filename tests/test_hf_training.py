@@ -73,9 +73,10 @@ def test_micro_batches_respect_the_token_budget() -> None:
     lengths = [3, 5, 2, 8, 1, 1, 9]
     inputs = [DatumInputs([0] * n, {}) for n in lengths]
     batches = micro_batches(inputs, token_budget=10)
-    assert [i for b in batches for i in b] == list(range(len(lengths)))  # order kept, nothing lost
+    assert [i for b in batches for i in b.rows] == list(range(len(lengths)))  # order kept, nothing lost
     for b in batches:
-        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 10
+        assert not b.shared
+        assert len(b.rows) == 1 or max(lengths[i] for i in b.rows) * len(b.rows) <= 10
 
 
 async def test_micro_batched_gradients_equal_one_batch(tmp_path: Path, tiny_model: TinyModel) -> None:

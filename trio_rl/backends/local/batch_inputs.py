@@ -9,6 +9,7 @@ how they compute those logprobs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -146,8 +147,27 @@ def logprobs_at(
     device = hidden.device
     rows = torch.cat([torch.full((int(k.sum()),), i) for i, k in enumerate(keep)]).to(device)
     cols = torch.cat([k.nonzero()[:, 0] for k in keep]).to(device)
+    return logprobs_of(hidden[rows, cols], head, inputs, keep)
+
+
+def logprobs_of(
+    scored: Tensor, head: Callable[[Tensor], Tensor], inputs: Sequence[DatumInputs], keep: Sequence[Tensor]
+) -> list[Tensor]:
+    """:func:`logprobs_at` from the hidden states of the kept positions alone.
+
+    Args:
+        scored: ``[kept, d]``: the hidden state at each kept position, datum by
+            datum, positions in order.
+        head: hidden states to logits.
+        inputs: the data.
+        keep: per datum, a ``[len]`` bool of the positions to score.
+
+    Returns:
+        As :func:`logprobs_at`.
+    """
+    device = scored.device
     targets = torch.cat([d.targets[k] for d, k in zip(inputs, keep, strict=True)]).to(device)
-    logits = head(hidden[rows, cols]).float()
+    logits = head(scored).float()
     # logsumexp then gather: no [tokens, vocab] log_softmax tensor kept for backward.
     picked = logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     out: list[Tensor] = []
@@ -157,24 +177,147 @@ def logprobs_at(
     return out
 
 
-def micro_batches(inputs: Sequence[DatumInputs], token_budget: int) -> list[list[int]]:
-    """Split data (in order) into runs whose padded size ``rows * longest`` fits ``token_budget``.
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Data of a batch whose inputs all start with the same ``length`` tokens.
 
-    A datum longer than the budget gets a micro-batch of its own.
+    Attributes:
+        rows: indices into the batch, at least two, ascending.
+        length: tokens shared; every datum has at least one token after them.
     """
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, datum in enumerate(inputs):
-        width = max(longest, len(datum.tokens))
-        if current and width * (len(current) + 1) > token_budget:
-            batches.append(current)
-            current, width = [], len(datum.tokens)
-        current.append(i)
-        longest = width
-    if current:
+
+    rows: tuple[int, ...]
+    length: int
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Data run as one forward/backward pass: some in full, some as groups that share a prefix.
+
+    Attributes:
+        full: indices into the batch of the data run whole.
+        shared: groups whose prefix runs once for all of its rows.
+    """
+
+    full: tuple[int, ...] = ()
+    shared: tuple[PrefixGroup, ...] = ()
+
+    @property
+    def rows(self) -> list[int]:
+        """Every index of the micro-batch: ``full`` then each group's rows (the order its logprobs come in)."""
+        return [*self.full, *(i for g in self.shared for i in g.rows)]
+
+    def tokens(self, inputs: Sequence[DatumInputs]) -> int:
+        """Positions its forward passes run, padding included, each shared prefix once.
+
+        The full rows run as one right-padded batch; the groups' prefixes as
+        another, then their rows' suffixes as a third.
+        """
+        total = len(self.full) * max((len(inputs[i].tokens) for i in self.full), default=0)
+        if self.shared:
+            longest = max(g.length for g in self.shared)
+            suffix = max(len(inputs[i].tokens) - g.length for g in self.shared for i in g.rows)
+            total += len(self.shared) * longest + sum(len(g.rows) for g in self.shared) * suffix
+        return total
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """Tokens ``a`` and ``b`` start with alike, leaving each at least one of its own."""
+    n = min(len(a), len(b)) - 1
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return max(n, 0)
+
+
+def prefix_groups(inputs: Sequence[DatumInputs], min_length: int) -> list[PrefixGroup]:
+    """Group the data that share a prefix of at least ``min_length`` tokens, saving the most tokens.
+
+    A group of ``n`` data sharing ``p`` tokens runs ``(n - 1) * p`` fewer
+    positions than its data run whole. Sorted, data sharing a prefix are
+    neighbours, and a run of neighbours shares the shortest of its neighbours'
+    common prefixes; the split of the sorted data into runs that saves the most
+    is found exactly (dynamic programming, quadratic only over runs sharing at
+    least ``min_length`` tokens). A GRPO group (one prompt, several samples)
+    shares at least its prompt; the turns of a multi-turn episode share the
+    conversation so far.
+
+    Returns:
+        The groups of two or more data, ordered by their first index; a datum
+        in none runs whole.
+    """
+    order = sorted(range(len(inputs)), key=lambda i: inputs[i].tokens)
+    common = [_common_length(inputs[a].tokens, inputs[b].tokens) for a, b in itertools.pairwise(order)]
+    # best[j]: most tokens saved over order[:j]; start[j]: where its last run starts (j - 1: a datum alone).
+    best = [0] * (len(order) + 1)
+    start = list(range(-1, len(order)))
+    length = [0] * (len(order) + 1)
+    for j in range(2, len(order) + 1):
+        best[j], start[j] = best[j - 1], j - 1
+        shared = common[j - 2]
+        for i in range(j - 2, -1, -1):
+            shared = min(shared, common[i])
+            if shared < min_length:
+                break
+            if best[i] + (j - i - 1) * shared > best[j]:
+                best[j], start[j], length[j] = best[i] + (j - i - 1) * shared, i, shared
+    groups: list[PrefixGroup] = []
+    j = len(order)
+    while j > 0:
+        i = start[j]
+        if j - i >= 2:
+            groups.append(PrefixGroup(tuple(sorted(order[i:j])), length[j]))
+        j = i
+    return sorted(groups, key=lambda g: g.rows[0])
+
+
+def micro_batches(inputs: Sequence[DatumInputs], token_budget: int, *, min_prefix: int = 0) -> list[MicroBatch]:
+    """Split data into micro-batches whose :meth:`MicroBatch.tokens` fit ``token_budget``.
+
+    Args:
+        inputs: the checked batch.
+        token_budget: most positions per micro-batch; a datum longer than it
+            gets a micro-batch of its own.
+        min_prefix: with a positive value, data sharing at least this many
+            leading tokens (:func:`prefix_groups`) run their prefix once, a
+            group split across micro-batches where it does not fit in one;
+            ``0`` runs every datum whole.
+
+    Returns:
+        Micro-batches covering every datum once, in the batch's order of their
+        first datum.
+    """
+    groups = prefix_groups(inputs, min_prefix) if min_prefix > 0 else []
+    grouped = {i for g in groups for i in g.rows}
+    units: list[tuple[int, PrefixGroup | None]] = [(g.rows[0], g) for g in groups]
+    units += [(i, None) for i in range(len(inputs)) if i not in grouped]
+    batches: list[MicroBatch] = []
+    current = MicroBatch()
+    for first, group in sorted(units, key=lambda u: u[0]):
+        pieces = [MicroBatch(full=(first,))] if group is None else _group_pieces(inputs, group, token_budget)
+        for piece in pieces:
+            joined = MicroBatch(current.full + piece.full, current.shared + piece.shared)
+            if current.rows and joined.tokens(inputs) > token_budget:
+                batches.append(current)
+                joined = piece
+            current = joined
+    if current.rows:
         batches.append(current)
     return batches
+
+
+def _group_pieces(inputs: Sequence[DatumInputs], group: PrefixGroup, token_budget: int) -> list[MicroBatch]:
+    """``group`` as one micro-batch, or as consecutive chunks of its rows that each fit the budget."""
+    whole = MicroBatch(shared=(group,))
+    if whole.tokens(inputs) <= token_budget:
+        return [whole]
+    suffix = max(len(inputs[i].tokens) for i in group.rows) - group.length
+    size = max((token_budget - group.length) // suffix, 1)
+    chunks = [group.rows[k : k + size] for k in range(0, len(group.rows), size)]
+    return [
+        MicroBatch(shared=(PrefixGroup(rows, group.length),)) if len(rows) >= 2 else MicroBatch(full=rows)
+        for rows in chunks
+    ]
 
 
 def right_padded(inputs: Sequence[DatumInputs]) -> tuple[Tensor, Tensor]:
@@ -188,8 +331,8 @@ def right_padded(inputs: Sequence[DatumInputs]) -> tuple[Tensor, Tensor]:
 
 def forward_backward_parts(
     inputs: Sequence[DatumInputs],
-    parts: Sequence[Sequence[int]],
-    target_logprobs: Callable[[list[DatumInputs]], list[Tensor]],
+    parts: Sequence[MicroBatch],
+    target_logprobs: Callable[[MicroBatch], list[Tensor]],
     loss_fn: str,
     config: Mapping[str, float],
 ) -> tinker_types.ForwardBackwardOutput:
@@ -197,8 +340,9 @@ def forward_backward_parts(
 
     Args:
         inputs: the checked batch.
-        parts: indices into ``inputs``, each run as one pass (see :func:`micro_batches`).
-        target_logprobs: the learner's ``[len]`` target logprobs of each datum of a part, with grad.
+        parts: the micro-batches, each run as one pass (see :func:`micro_batches`).
+        target_logprobs: the learner's ``[len]`` target logprobs, with grad, of
+            each datum of a micro-batch, in the order of its ``rows``.
         loss_fn: a key of :data:`.losses.LOSS_FUNCTIONS`.
         config: the loss's clip thresholds.
 
@@ -209,13 +353,14 @@ def forward_backward_parts(
     losses: list[Tensor] = [torch.empty(0)] * len(inputs)
     total = 0.0
     for part in parts:
-        data = [inputs[i] for i in part]
+        order = part.rows
+        data = [inputs[i] for i in order]
         with torch.enable_grad():
-            rows = target_logprobs(data)
+            rows = target_logprobs(part)
             per_datum = datum_losses(rows, data, loss_fn, config)
             loss = torch.stack([x.sum() for x in per_datum]).sum()
             loss.backward()  # type: ignore[no-untyped-call]
         total += float(loss.detach())
-        for i, lp, x in zip(part, rows, per_datum, strict=True):
+        for i, lp, x in zip(order, rows, per_datum, strict=True):
             logprobs[i], losses[i] = lp.detach(), x.detach()
     return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total})

@@ -17,6 +17,7 @@ from torch import Tensor
 from trio_rl import _tinker_compat
 from trio_rl.backends.local.batch_inputs import (
     DatumInputs,
+    MicroBatch,
     forward_backward_parts,
     logprobs_at,
     parse_batch,
@@ -72,7 +73,11 @@ def forward_backward_batch(
         return _tinker_compat.forward_backward_output([], {"loss:sum": 0.0})
     inputs = parse_batch(data, loss_fn, vocab_size=model.vocab_size, max_seq_len=model.config.max_seq_len)
     return forward_backward_parts(
-        inputs, [range(len(inputs))], lambda part: _target_logprobs(model, part, loss_fn), loss_fn, loss_fn_config
+        inputs,
+        [MicroBatch(full=tuple(range(len(inputs))))],
+        lambda part: _target_logprobs(model, [inputs[i] for i in part.rows], loss_fn),
+        loss_fn,
+        loss_fn_config,
     )
 
 
