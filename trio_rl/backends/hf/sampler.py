@@ -78,10 +78,12 @@ def pick_tokens_unsorted(
     greedy = (temperature <= 0) | (top_k == 1)
     truncated = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0))
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-    cdf = torch.cumsum(logp.exp(), dim=-1)
+    # Dividing by 1 changes no bit: the common all-temperature-1 batch skips a pass over the vocabulary.
+    scaled = logits if bool((scale == 1).all()) else logits / scale[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    cdf = logp.exp().cumsum_(dim=-1)
     drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn) if bool(greedy.any()) else drawn
     if truncated.any():
         rows = truncated.nonzero()[:, 0]
         picked, _ = pick_tokens(logits[rows], temperature[rows], top_k[rows], top_p[rows], uniform[rows])
