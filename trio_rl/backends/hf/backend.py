@@ -50,7 +50,8 @@ class HFBackend(InProcessBackend):
             of it that the cache holds); ``0`` keeps none.
         max_seq_len: longest prompt plus sample, and longest training datum;
             default: the model's ``max_position_embeddings``.
-        token_budget: most padded tokens per training micro-batch.
+        token_budget: most padded positions per training micro-batch; a prefix that several
+            data share counts once, since it runs once.
         num_threads: torch intra-op threads while entered (``None`` keeps torch's
             setting; restored on exit).
         inflight_recompute_kv: with in-flight weights, whether a running
