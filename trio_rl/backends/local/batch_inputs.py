@@ -20,6 +20,7 @@ from torch import Tensor
 
 from trio_rl import _tinker_compat
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, REQUIRED_INPUTS
+from trio_rl.backends.local.prefix_cache import common_prefix_length
 
 
 def as_array(value: object) -> np.ndarray:
@@ -221,13 +222,9 @@ class MicroBatch:
         return total
 
 
-def _common_length(a: list[int], b: list[int]) -> int:
+def _shareable_length(a: list[int], b: list[int]) -> int:
     """Tokens ``a`` and ``b`` start with alike, leaving each at least one of its own."""
-    n = min(len(a), len(b)) - 1
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return max(n, 0)
+    return max(0, min(common_prefix_length(a, b), len(a) - 1, len(b) - 1))
 
 
 def prefix_groups(inputs: Sequence[DatumInputs], min_length: int) -> list[PrefixGroup]:
@@ -247,7 +244,7 @@ def prefix_groups(inputs: Sequence[DatumInputs], min_length: int) -> list[Prefix
         in none runs whole.
     """
     order = sorted(range(len(inputs)), key=lambda i: inputs[i].tokens)
-    common = [_common_length(inputs[a].tokens, inputs[b].tokens) for a, b in itertools.pairwise(order)]
+    common = [_shareable_length(inputs[a].tokens, inputs[b].tokens) for a, b in itertools.pairwise(order)]
     # best[j]: most tokens saved over order[:j]; start[j]: where its last run starts (j - 1: a datum alone).
     best = [0] * (len(order) + 1)
     start = list(range(-1, len(order)))

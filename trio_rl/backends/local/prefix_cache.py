@@ -104,12 +104,12 @@ def _slice(kv: KV, start: int, stop: int | None = None) -> KV:
     return [(k[:, :, start:stop].clone(), v[:, :, start:stop].clone()) for k, v in kv]
 
 
-def _common_length(run: tuple[int, ...], prompt: tuple[int, ...], start: int) -> int:
-    """How many leading tokens of ``run`` equal ``prompt[start:]``'s."""
-    n = min(len(run), len(prompt) - start)
-    if run[:n] == prompt[start : start + n]:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have alike (one slice comparison when one starts the other)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
         return n
-    return next(i for i in range(n) if run[i] != prompt[start + i])
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 class PrefixCache:
@@ -199,7 +199,7 @@ class PrefixCache:
         path: list[_Node] = []
         node, length, used = self._root, 0, 0
         while length < len(key) and (child := node.children.get(key[length])) is not None:
-            used = _common_length(child.tokens, key, length)
+            used = common_prefix_length(child.tokens, key[length : length + len(child.tokens)])
             path.append(child)
             length += used
             if used < len(child.tokens):
