@@ -11,6 +11,7 @@ from tinker import types as tinker_types
 
 from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
 from tests.integration.tiny_model import TinyModel
+from tests.prefill_helpers import count_prefilled_tokens
 
 SYSTEM = "You answer with one number. Question: "
 
@@ -18,21 +19,6 @@ SYSTEM = "You answer with one number. Question: "
 async def _sample(sampler: Any, prompt: list[int], seed: int) -> tinker_types.SampleResponse:
     params = tinker_types.SamplingParams(max_tokens=4, seed=seed, stop=[])
     return await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
-
-
-def _count_prefilled_tokens(sampler: Any) -> list[list[int]]:
-    """Record, for each prefill pass of ``sampler``'s engine, how many tokens of each prompt it computed."""
-    engine = sampler._engine
-    original = engine._prefill_prompts
-    passes: list[list[int]] = []
-
-    def counted(prompts: list[list[int]], pasts: Any = None) -> Any:
-        held = [kv[0][0].shape[2] if kv else 0 for kv in (pasts or [[]] * len(prompts))]
-        passes.append([len(p) - n for p, n in zip(prompts, held, strict=True)])
-        return original(prompts, pasts) if pasts is not None else original(prompts)
-
-    engine._prefill_prompts = counted
-    return passes
 
 
 async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tuple[list[Any], list[list[int]]]:
@@ -110,7 +96,7 @@ async def test_a_turn_two_prompt_prefills_only_its_new_tokens(
             trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=4, seed=0)
             tok = await trainer.get_tokenizer()
             sampler = await trainer.save_weights_for_sampler("s0")
-            passes = _count_prefilled_tokens(sampler)
+            passes = count_prefilled_tokens(sampler)
             turn_one = tok.encode(SYSTEM + "3 + 4?")
             first = await _sample(sampler, turn_one, 1)
             turn_two = [*turn_one, *first.sequences[0].tokens, *tok.encode(" And 2 + 2?")]

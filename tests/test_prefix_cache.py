@@ -9,6 +9,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
+from tests.prefill_helpers import count_prefilled_tokens
 from trio_rl import Config, train
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
@@ -126,21 +127,6 @@ def _seqs(resp: tinker_types.SampleResponse) -> list[tuple[list[int], list[float
     return [(list(s.tokens), list(s.logprobs or []), s.stop_reason) for s in resp.sequences]
 
 
-def _count_prefilled_tokens(sampler: LocalSamplingClient) -> list[list[int]]:
-    """Record, for each prefill pass of ``sampler``'s engine, how many tokens of each prompt it computed."""
-    engine: Any = sampler._engine
-    original = engine._prefill_prompts
-    passes: list[list[int]] = []
-
-    def counted(prompts: list[list[int]], pasts: Any = None) -> Any:
-        held = [kv[0][0].shape[2] if kv else 0 for kv in (pasts or [[]] * len(prompts))]
-        passes.append([len(p) - n for p, n in zip(prompts, held, strict=True)])
-        return original(prompts, pasts) if pasts is not None else original(prompts)
-
-    engine._prefill_prompts = counted
-    return passes
-
-
 async def _sample(sampler: LocalSamplingClient, prompt: list[int], seed: int = 3) -> tinker_types.SampleResponse:
     params = tinker_types.SamplingParams(max_tokens=6, seed=seed, stop=[])
     return await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
@@ -152,7 +138,7 @@ async def test_a_turn_two_prompt_prefills_only_the_tokens_after_the_turn_one_pro
         async with _backend(tmp_path) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             sampler = await client.save_weights_for_sampler("s0")
-            passes = _count_prefilled_tokens(sampler)
+            passes = count_prefilled_tokens(sampler)
             first = await _sample(sampler, turn_one)
             turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
             second = await _sample(sampler, turn_two)

@@ -1,0 +1,20 @@
+"""Counting what an in-process sampler's engine prefills, for the prefix-cache tests of both local backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def count_prefilled_tokens(sampler: Any) -> list[list[int]]:
+    """Record, for each prefill pass of ``sampler``'s engine, how many tokens of each prompt it computed."""
+    engine = sampler._engine
+    original = engine._prefill_prompts
+    passes: list[list[int]] = []
+
+    def counted(prompts: list[list[int]], pasts: Any = None) -> Any:
+        held = [kv[0][0].shape[2] if kv else 0 for kv in (pasts or [[]] * len(prompts))]
+        passes.append([len(p) - n for p, n in zip(prompts, held, strict=True)])
+        return original(prompts, pasts) if pasts is not None else original(prompts)
+
+    engine._prefill_prompts = counted
+    return passes
