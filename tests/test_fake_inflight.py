@@ -11,7 +11,14 @@ from tinker import types as tinker_types
 
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.protocol import VersionedSequence, check_inflight_before_work, token_versions
-from trio_rl.testing import FakeBackend, FakeSamplingClient, FakeSequence, FakeTrainingClient
+from trio_rl.testing import (
+    FakeBackend,
+    FakeLatencies,
+    FakeSamplerModel,
+    FakeSamplingClient,
+    FakeSequence,
+    FakeTrainingClient,
+)
 
 DEADLINE_S = 1_000.0
 """Virtual seconds after which a test counts as hung; under autojump this fails at once."""
@@ -21,9 +28,10 @@ def length_from_first_token(prompt: Sequence[int], sample_index: int) -> int:
     return prompt[0]
 
 
-def modelled(**kwargs: object) -> FakeBackend:
+def modelled(slots: int | None = None, latencies: FakeLatencies | None = None) -> FakeBackend:
     """One token per virtual second, each response as long as its prompt's first token."""
-    return FakeBackend(token_latency=1.0, response_length=length_from_first_token, **kwargs)  # type: ignore[arg-type]
+    sampler = FakeSamplerModel(slots=slots, token_latency=1.0, response_length=length_from_first_token)
+    return FakeBackend(sampler=sampler, latencies=latencies)
 
 
 async def sample(client: FakeSamplingClient, prompt: list[int], num_samples: int = 1) -> tinker_types.SampleResponse:
@@ -117,7 +125,7 @@ async def test_a_request_on_an_older_inflight_client_starts_on_the_newest_weight
 async def test_a_queued_sequence_takes_the_versions_of_when_its_tokens_are_produced(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = modelled(sample_slots=1)
+    backend = modelled(slots=1)
     training = await backend.create_training_client(base_model="fake")
     client = await training.save_weights_for_sampler("000000", inflight=True)
     with trio.fail_after(DEADLINE_S):
@@ -166,7 +174,7 @@ async def test_tokens_and_logprobs_stay_those_of_the_starting_version(autojump_c
 async def test_a_slow_inflight_save_publishes_when_it_returns_and_a_cancelled_one_never(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = modelled(save_latency=2.0)
+    backend = modelled(latencies=FakeLatencies(save=2.0))
     training = await backend.create_training_client(base_model="fake")
     client = await training.save_weights_for_sampler("000000", inflight=True)  # returns at 2 s
     with trio.fail_after(DEADLINE_S):
@@ -204,7 +212,9 @@ async def test_token_versions_match_the_publish_times_under_random_traffic(
 ) -> None:
     rng = random.Random(7)
     backend = FakeBackend(
-        sample_slots=3, token_latency=0.25, response_length=lambda prompt, i: 1 + (prompt[0] * 7 + i * 3) % 23
+        sampler=FakeSamplerModel(
+            slots=3, token_latency=0.25, response_length=lambda prompt, i: 1 + (prompt[0] * 7 + i * 3) % 23
+        )
     )
     training = await backend.create_training_client(base_model="fake")
     clients = [await training.save_weights_for_sampler("000000", inflight=True)]

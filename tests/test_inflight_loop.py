@@ -21,7 +21,7 @@ from trio_rl.backends.protocol import token_versions
 from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.loop.determinism import derive_seed
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeLatencies, FakeSamplerModel
 
 GROUPS = 6 * 4
 """Groups in the datasets below: 6 batches of 4."""
@@ -32,15 +32,14 @@ def inflight_config(log_path: Path, k: int = 2, **overrides: Any) -> Config:
     return make_config(log_path, "oldest_first", async_config=async_config, **overrides)
 
 
-def sampler_model(seed: int = 0, **kwargs: Any) -> FakeBackend:
+def sampler_model(seed: int = 0, latencies: FakeLatencies | None = None) -> FakeBackend:
     """Few distinct lengths, so that sequences end, and weights are published, at the same instants."""
 
     def length(prompt: list[int], index: int) -> int:
         return (2, 4, 4, 8, 30)[derive_seed(seed, *prompt[:3], index) % 5]
 
-    return FakeBackend(
-        seed=seed, sample_slots=5, token_latency=0.125, response_length=length, train_latency=0.75, **kwargs
-    )
+    sampler = FakeSamplerModel(slots=5, token_latency=0.125, response_length=length)
+    return FakeBackend(seed=seed, train_latency=0.75, latencies=latencies, sampler=sampler)
 
 
 def trained_keys(backend: FakeBackend) -> list[tuple[int, int]]:
@@ -110,7 +109,7 @@ async def test_a_cancel_during_an_inflight_publish_saves_a_state_its_record_desc
     log_path: Path, autojump_clock: MockClock
 ) -> None:
     # forward_backward takes 0.75 s and each publish 5 s; the state saves in 0.25 s.
-    backend = sampler_model(save_latency=5.0, state_latency=0.25)
+    backend = sampler_model(latencies=FakeLatencies(save=5.0, state=0.25))
     config = inflight_config(log_path, save_on_cancel=True, max_tokens=32)
     with trio.move_on_after(12.0) as scope:
         await run_fake(config, FakeDataset(6, 4, FakeEnvSpec(group_size=3)), backend)

@@ -22,7 +22,7 @@ from trio_rl import AsyncConfig, OldestFirst, TrainResult
 from trio_rl.loop.schedules import Need, Position, Verdict
 from trio_rl.loop.work import FinishedGroup, ItemKey, SkippedGroup, WorkItem
 from trio_rl.rl.summary import GroupSummary
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplerModel
 
 
 def _item(order: int) -> WorkItem:
@@ -59,7 +59,9 @@ def _timed_backend(seconds: dict[int, float] | float, train_latency: float) -> F
         group = prompt[1] - 2
         return round((seconds if isinstance(seconds, float) else seconds.get(group, 1.0)) / TOKEN_S)
 
-    return FakeBackend(token_latency=TOKEN_S, response_length=length, train_latency=train_latency)
+    return FakeBackend(
+        train_latency=train_latency, sampler=FakeSamplerModel(token_latency=TOKEN_S, response_length=length)
+    )
 
 
 TOKEN_S = 0.25

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from tests.conftest import read_jsonl
 from trio_rl import AsyncConfig, Config, RetryOnFailure, StreamMinibatchConfig, train
 from trio_rl.loop.determinism import derive_seed
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeLatencies
 
 VIRTUAL_DEADLINE_S = 100_000.0
 EXAMPLES = int(os.environ.get("TRIO_RL_HYPOTHESIS_EXAMPLES", "150"))
@@ -121,7 +121,7 @@ def build(s: dict[str, Any], log_path: Path) -> tuple[Config, FakeDataset, FakeB
         seed=s["seed"],
         sample_latency=lambda request: sample * (1 + derive_seed(request[2].seed) % 3),
         train_latency=train_latency,
-        optim_latency=optim,
+        latencies=FakeLatencies(optim=optim),
     )
     return config, dataset, backend
 

@@ -19,7 +19,14 @@ from trio_rl.loop.work import FinishedGroup, ItemKey, WorkItem
 from trio_rl.rl.data import trained_tokens_by_version
 from trio_rl.rl.step_metrics import token_lag_metrics
 from trio_rl.rl.summary import GroupSummary
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
+from trio_rl.testing import (
+    FakeBackend,
+    FakeDataset,
+    FakeEnvGroupBuilder,
+    FakeEnvSpec,
+    FakeSamplerModel,
+    FakeSamplingClient,
+)
 from trio_rl.types import PARSE_ERROR_MASKED_METRIC_KEY
 
 
@@ -71,11 +78,13 @@ def test_an_inflight_run_without_versions_records_the_bound_and_says_so() -> Non
 
 def _longtail_backend(**kwargs: Any) -> FakeBackend:
     return FakeBackend(
-        sample_slots=6,
-        token_latency=0.01,
-        response_length=lambda prompt, index: 3 + (prompt[1] * 37 + prompt[0] * 11 + index * 17) % 90,
         train_latency=0.2,
         **kwargs,
+        sampler=FakeSamplerModel(
+            slots=6,
+            token_latency=0.01,
+            response_length=lambda prompt, index: 3 + (prompt[1] * 37 + prompt[0] * 11 + index * 17) % 90,
+        ),
     )
 
 
@@ -137,9 +146,10 @@ class _SilentInflightClient(FakeSamplingClient):
 async def test_an_inflight_run_on_a_backend_that_does_not_say_records_the_group_bound(
     log_path: Path, autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trio_rl.testing as testing
+    import trio_rl.testing.clients as fake_clients
 
-    monkeypatch.setattr(testing, "FakeSamplingClient", _SilentInflightClient)
+    # The training client builds its sampling clients by this module's name.
+    monkeypatch.setattr(fake_clients, "FakeSamplingClient", _SilentInflightClient)
     config = make_config(
         log_path, "oldest_first", async_config=AsyncConfig(2, 4, inflight_weights=True, loss_fn="importance_sampling")
     )
