@@ -13,6 +13,7 @@ import trio
 import trio.testing
 from tinker import types as tinker_types
 
+from tests.conftest import TaskOrder
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import _tinker_compat as compat
 from trio_rl.loop.determinism import derive_seed
@@ -184,7 +185,9 @@ def busy_slots_never_exceed_and_nobody_waits_beside_a_free_slot(sequences: list[
             assert all(busy(t) == slots for t in events if s.requested <= t < s.started), s
 
 
-def run_with_scheduling_seed(seed: int) -> tuple[list[FakeSequence], dict[tuple[int, ...], float]]:
+def run_with_scheduling_seed(
+    task_order: TaskOrder, seed: int
+) -> tuple[list[FakeSequence], dict[tuple[int, ...], float]]:
     """Many requests of one instant competing for 3 slots, with Trio's scheduler seeded by ``seed``."""
     lengths = random.Random(0)
 
@@ -202,21 +205,17 @@ def run_with_scheduling_seed(seed: int) -> tuple[list[FakeSequence], dict[tuple[
                     at = float(lengths.choice([0, 0, 0.5, 1]))
                     nursery.start_soon(partial(sample_at, passes=i % 3), client, at, [i % 5, i], done)
 
-    original = trio._core._run._r  # type: ignore[attr-defined]
-    trio._core._run._r = random.Random(seed)  # type: ignore[attr-defined]
-    try:
+    with task_order(seed):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        trio._core._run._r = original  # type: ignore[attr-defined]
     return backend.sequences, done
 
 
-def test_slot_order_does_not_depend_on_trio_scheduling_order() -> None:
-    first, first_done = run_with_scheduling_seed(0)
+def test_slot_order_does_not_depend_on_trio_scheduling_order(trio_task_order_from_seed: TaskOrder) -> None:
+    first, first_done = run_with_scheduling_seed(trio_task_order_from_seed, 0)
     assert sum(1 for s in first if s.started > s.requested) >= 10  # the queue was really used
     busy_slots_never_exceed_and_nobody_waits_beside_a_free_slot(first, 3)
     for seed in range(1, 6):
-        sequences, done = run_with_scheduling_seed(seed)
+        sequences, done = run_with_scheduling_seed(trio_task_order_from_seed, seed)
         assert sequences == first
         assert done == first_done
 

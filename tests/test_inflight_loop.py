@@ -3,7 +3,6 @@ and a cancel during an in-flight publish that leaves the saved state and its rec
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import trio.testing
 from tinker import types as tinker_types
 from trio.testing import MockClock
 
-from tests.conftest import read_jsonl
+from tests.conftest import TaskOrder, read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import AsyncConfig, Config
 from trio_rl import _tinker_compat as compat
@@ -46,18 +45,16 @@ def trained_keys(backend: FakeBackend) -> list[tuple[int, int]]:
     return [tuple(key) for call in backend.calls_of("forward_backward") for key in call.detail["groups"]]
 
 
-def run_once(log_path: Path, seed: int, scheduling_seed: int) -> tuple[list[dict[str, Any]], str]:
+def run_once(
+    task_order: TaskOrder, log_path: Path, seed: int, scheduling_seed: int
+) -> tuple[list[dict[str, Any]], str]:
     async def main() -> None:
         dataset = FakeDataset(6, 4, FakeEnvSpec(group_size=3, turns=2))
         config = inflight_config(log_path, seed=seed, eval_every=2, save_every=2, max_tokens=32)
         await run_fake(config, dataset, sampler_model(seed), evaluators=(FakeEvaluator(latency=0.3),))
 
-    original = trio._core._run._r  # type: ignore[attr-defined]
-    trio._core._run._r = random.Random(scheduling_seed)  # type: ignore[attr-defined]
-    try:
+    with task_order(scheduling_seed):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        trio._core._run._r = original  # type: ignore[attr-defined]
     records = [
         {k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)}
         for r in read_jsonl(log_path / "metrics.jsonl")
@@ -65,15 +62,17 @@ def run_once(log_path: Path, seed: int, scheduling_seed: int) -> tuple[list[dict
     return records, (log_path / "checkpoints.jsonl").read_text()
 
 
-def test_an_inflight_run_writes_identical_files_whatever_the_task_order(tmp_path: Path) -> None:
-    first = run_once(tmp_path / "a", seed=7, scheduling_seed=1)
-    second = run_once(tmp_path / "b", seed=7, scheduling_seed=2)
+def test_an_inflight_run_writes_identical_files_whatever_the_task_order(
+    tmp_path: Path, trio_task_order_from_seed: TaskOrder
+) -> None:
+    first = run_once(trio_task_order_from_seed, tmp_path / "a", seed=7, scheduling_seed=1)
+    second = run_once(trio_task_order_from_seed, tmp_path / "b", seed=7, scheduling_seed=2)
     assert first == second
     records = [r for r in first[0] if "async/token_lag_mean" in r]
     # Not vacuous: sequences spanned publishes, so tokens are fresher than their groups...
     assert any(r["async/token_lag_mean"] < r["async/staleness_mean"] for r in records)
     # ... and another seed samples other lengths, hence other lags.
-    assert run_once(tmp_path / "c", seed=8, scheduling_seed=1)[0] != first[0]
+    assert run_once(trio_task_order_from_seed, tmp_path / "c", seed=8, scheduling_seed=1)[0] != first[0]
 
 
 @pytest.mark.parametrize("cancel_at", [2.3, 4.1, 6.7, 9.2])

@@ -19,6 +19,7 @@ import trio
 from tinker import types as tinker_types
 from tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 
+from tests.polling import wait_until
 from trio_rl.backends import protocol
 from trio_rl.backends.tinker import (
     MissingApiKeyError,
@@ -57,11 +58,6 @@ def prompt(*tokens: int) -> tinker_types.ModelInput:
 
 async def new_client(backend: TinkerBackend) -> TinkerTrainingClient:
     return await backend.create_training_client(base_model=BASE_MODEL, lora_rank=8, seed=1)
-
-
-async def wait_until(condition: Any, *, poll: float = 0.002) -> None:
-    while not condition():
-        await trio.sleep(poll)
 
 
 async def test_speaks_the_backend_protocol(service: StandinServiceClient) -> None:
@@ -290,18 +286,17 @@ async def test_blocking_calls_run_off_the_trio_thread(service: StandinServiceCli
             ticks += 1
 
     with trio.fail_after(5):
-        async with TinkerBackend(service_client=service) as backend:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(heartbeat)
-                start = time.monotonic()
-                client = await new_client(backend)
-                elapsed = time.monotonic() - start
-                assert elapsed >= 0.5
-                assert ticks >= 20  # ~50 if the Trio thread stayed free
-                ticks = 0
-                await client.get_tokenizer()
-                assert ticks >= 8
-                nursery.cancel_scope.cancel()
+        async with TinkerBackend(service_client=service) as backend, trio.open_nursery() as nursery:
+            nursery.start_soon(heartbeat)
+            start = time.monotonic()
+            client = await new_client(backend)
+            elapsed = time.monotonic() - start
+            assert elapsed >= 0.5
+            assert ticks >= 20  # ~50 if the Trio thread stayed free
+            ticks = 0
+            await client.get_tokenizer()
+            assert ticks >= 8
+            nursery.cancel_scope.cancel()
     trio_thread = threading.current_thread().name
     assert service.blocking_calls
     assert all(thread != trio_thread for _, thread in service.blocking_calls)
@@ -395,9 +390,8 @@ async def test_a_deadline_missed_on_an_unreachable_server_names_the_server(monke
 
 
 async def test_constructor_validation() -> None:
-    with open_standin_service() as service:
-        with pytest.raises(ValueError, match="not both"):
-            TinkerBackend(service_client=service, api_key="tml-x")
+    with open_standin_service() as service, pytest.raises(ValueError, match="not both"):
+        TinkerBackend(service_client=service, api_key="tml-x")
     with pytest.raises(ValueError, match="optim_step must be a positive number"):
         TinkerTimeouts(optim_step=0)
 

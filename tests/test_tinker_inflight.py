@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -25,6 +25,7 @@ from tinker import types as tinker_types
 from tinker_sdk_standin import StandinServiceClient, open_standin_service
 
 from tests.pipeline_helpers import make_config
+from tests.polling import wait_until
 from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends import protocol
@@ -61,12 +62,6 @@ async def train_one_step(client: TinkerTrainingClient) -> None:
     )
     await (await client.forward_backward([datum], "cross_entropy")).result()
     await (await client.optim_step(ADAM)).result()
-
-
-async def wait_until(condition: Callable[[], bool], *, poll: float = 0.001) -> None:
-    # Polled: the stand-in changes it on a thread of its own, which cannot set a trio.Event.
-    while not condition():  # noqa: ASYNC110
-        await trio.sleep(poll)
 
 
 def refusal(kind: str) -> Exception:
