@@ -39,8 +39,8 @@ from tinker import types as tinker_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tests.integration.tiny_model import build_tiny_model  # noqa: E402
-from trio_rl.backends.hf import SMOLLM2, HFBackend, HFSamplingClient, HFTrainingClient  # noqa: E402
+from tests.integration.tiny_model import build_tiny_model
+from trio_rl.backends.hf import SMOLLM2, HFBackend, HFSamplingClient, HFTrainingClient
 
 CONCURRENCY = (1, 8, 64)
 MAX_TOKENS = 32

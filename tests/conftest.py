@@ -8,9 +8,12 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.integration.tiny_model import TinyModel
 
 TaskOrder = Callable[[int], contextlib.AbstractContextManager[None]]
 """``with task_order(seed):``: Trio runs ready tasks in the order ``random.Random(seed)`` draws."""
@@ -59,3 +62,33 @@ def trio_task_order_from_seed(monkeypatch: pytest.MonkeyPatch) -> TaskOrder:
             yield
 
     return task_order
+
+
+def _tiny_model_builder() -> Callable[..., TinyModel]:
+    """``build_tiny_model``, or a skip of the asking test without the HF extra."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from tests.integration.tiny_model import build_tiny_model
+
+    return build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A ~100k-parameter random ``Qwen3ForCausalLM`` with its tokenizer, in a temp folder.
+
+    A test that asks for it skips without the HF extra (transformers and peft).
+    """
+    build_tiny_model = _tiny_model_builder()
+    root = tmp_path_factory.mktemp("hf") / "models" / "tiny-qwen3"
+    return build_tiny_model(root, seed=0)
+
+
+@pytest.fixture(scope="session")
+def peaked_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """The tiny model with weights of std 0.5: its logits are far from uniform, so
+    (unlike with the default 0.02, where the final norm and tied embeddings cap
+    every logit near 0) a LoRA adapter on its linear layers can change what it samples."""
+    build_tiny_model = _tiny_model_builder()
+    root = tmp_path_factory.mktemp("hf") / "models" / "tiny-qwen3-peaked"
+    return build_tiny_model(root, seed=0, initializer_range=0.5)

@@ -1,4 +1,6 @@
-"""Shared pieces of the HFBackend tests: the tiny random Qwen3 (built once) and small helpers.
+"""Shared pieces of the HFBackend tests; importing it skips a test module without the HF extra.
+
+The tiny random Qwen3 itself is a fixture of ``tests/conftest.py`` (``tiny_model``, ``peaked_tiny_model``).
 
 The model and its BPE tokenizer come from ``tests/integration/tiny_model.py``
 (the SkyRL integration tests' builder), trained locally: nothing is downloaded.
@@ -15,23 +17,6 @@ from tinker import types as tinker_types
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tests.integration.tiny_model import TinyModel, build_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    """A ~100k-parameter random ``Qwen3ForCausalLM`` with its tokenizer, in a temp folder."""
-    root = tmp_path_factory.mktemp("hf") / "models" / "tiny-qwen3"
-    return build_tiny_model(root, seed=0)
-
-
-@pytest.fixture(scope="session")
-def peaked_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    """The tiny model with weights of std 0.5: its logits are far from uniform, so
-    (unlike with the default 0.02, where the final norm and tied embeddings cap
-    every logit near 0) a LoRA adapter on its linear layers can change what it samples."""
-    root = tmp_path_factory.mktemp("hf") / "models" / "tiny-qwen3-peaked"
-    return build_tiny_model(root, seed=0, initializer_range=0.5)
 
 
 def backend(log_dir: Path, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ import trio.testing
 from tests import asyncio_envs
 from tests.asyncio_envs import AsyncioDataset, AsyncioEvaluator, FailingEnv, OverflowingEnv
 from tests.conftest import read_jsonl
-from tests.pipeline_helpers import MODES, RUN_DEADLINE_S, make_config
+from tests.pipeline_helpers import RUN_DEADLINE_S, make_config
 from trio_rl import AsyncConfig, ConfigError, DualSamplingClient, RolloutError, StepResult, TrainResult, runs_on, train
 from trio_rl.asyncio_bridge import UserCodeRunner, call_user, flavour_of, open_user_code_runner
 from trio_rl.rl.metrics import WALL_TIME_PREFIX

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
-import dataclasses
 import signal
 import subprocess
 import sys

@@ -102,7 +102,7 @@ def test_guess_number_observations_extend_so_an_episode_is_one_datum() -> None:
         ob, _ = await env.initial_observation()
         transitions = []
         for guess in ("3", "7", "5"):
-            action = tokenizer.encode(guess) + [eos]
+            action = [*tokenizer.encode(guess), eos]
             result = await env.step(action)
             assert result.next_observation.to_ints()[: ob.length] == ob.to_ints()
             transitions.append(

@@ -11,7 +11,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend, datum
 from tests.inflight_helpers import fresh_logprobs, span_a_publish
 from tests.integration.tiny_model import TinyModel
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
@@ -61,7 +61,7 @@ def test_hf_backend_offers_inflight_weights(tmp_path: Path) -> None:
 
 async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its_kv(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     kept_differs = False
     with trio.fail_after(120):
@@ -80,7 +80,7 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its
 
 async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights_that_produced_it(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path, inflight_recompute_kv=True) as be:
@@ -98,7 +98,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
 
 async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     params = tinker_types.SamplingParams(max_tokens=4, seed=3, stop=[])
     with trio.fail_after(120):
@@ -132,7 +132,7 @@ async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
 
 async def test_published_snapshots_release_the_adapters_they_replace(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path) as be:

@@ -10,7 +10,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
 from trio_rl import (
     AsyncConfig,

@@ -9,7 +9,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
 from tests.prefill_helpers import count_prefilled_tokens
 
@@ -62,7 +62,7 @@ async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tupl
 
 async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture; peaked logits, so wrong keys would show)
+    peaked_tiny_model: TinyModel,  # peaked logits, so wrong keys would show
 ) -> None:
     with trio.fail_after(180):
         cached, prompts = await _conversations(tmp_path / "cached", peaked_tiny_model)
@@ -89,7 +89,7 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(
 
 async def test_a_turn_two_prompt_prefills_only_its_new_tokens(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path) as be:

@@ -60,7 +60,7 @@ async def test_smollm2_samples_trains_one_lora_step_saves_and_loads(tmp_path: Pa
             metrics = (await opt.result()).metrics
             assert metrics["grad_norm"] > 0
             # Sampled logprobs and the learner's agree before the step (same weights, float32).
-            for got, seq in zip(out.loss_fn_outputs, response.sequences):
+            for got, seq in zip(out.loss_fn_outputs, response.sequences, strict=True):
                 assert got["logprobs"].tolist()[-len(seq.tokens):] == pytest.approx(seq.logprobs, abs=2e-3)
             path = await trainer.save_state("one-step")
             adapter = json.loads((Path(path) / "adapter_config.json").read_text())

@@ -113,7 +113,7 @@ def test_kill_9_at_random_moments_then_resume_trains_every_step_once(tmp_path: P
             proc.kill()
             proc.wait()
     with running(example(log_path, *flags, "--resume")) as proc:
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert training_steps(log_path) == list(range(24))
     last = CheckpointLog(log_path).last()

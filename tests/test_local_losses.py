@@ -39,8 +39,8 @@ def test_cross_entropy_is_weighted_negative_logprob() -> None:
 def test_importance_sampling_matches_hand_values() -> None:
     lp = _lp()
     loss = importance_sampling(lp, _inputs(), {})
-    ratios = [math.exp(a - b) for a, b in zip(LP, SAMPLING)]
-    expected = [-r * a for r, a in zip(ratios, ADV)]
+    ratios = [math.exp(a - b) for a, b in zip(LP, SAMPLING, strict=True)]
+    expected = [-r * a for r, a in zip(ratios, ADV, strict=True)]
     assert loss.tolist() == pytest.approx(expected, rel=1e-12)
     loss.sum().backward()
     # d(-r A)/d lp = -r A
@@ -50,7 +50,7 @@ def test_importance_sampling_matches_hand_values() -> None:
 def test_ppo_clips_per_token() -> None:
     lp = _lp()
     loss = ppo(lp, _inputs(), {})
-    r = [math.exp(a - b) for a, b in zip(LP, SAMPLING)]
+    r = [math.exp(a - b) for a, b in zip(LP, SAMPLING, strict=True)]
     # token 0: r=1.105 inside -> -r*2; token 1: r=1.65, A>0 -> clipped to 1.2;
     # token 2: r=0.37, A<0 -> min(-0.37, -0.8) = -0.8 (clipped side wins).
     expected = [-r[0] * 2.0, -1.2 * 1.0, 0.8]
@@ -73,12 +73,12 @@ def test_ppo_unclipped_side_wins_when_pessimistic() -> None:
 def test_cispo_uses_clipped_ratio_without_gradient() -> None:
     lp = _lp()
     loss = cispo(lp, _inputs(), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
-    r = [math.exp(a - b) for a, b in zip(LP, SAMPLING)]
+    r = [math.exp(a - b) for a, b in zip(LP, SAMPLING, strict=True)]
     coef = [r[0], 1.2, 0.8]
-    expected = [-c * l * a for c, l, a in zip(coef, LP, ADV)]
+    expected = [-c * lp * a for c, lp, a in zip(coef, LP, ADV, strict=True)]
     assert loss.tolist() == pytest.approx(expected, rel=1e-12)
     loss.sum().backward()
-    assert lp.grad is not None and lp.grad.tolist() == pytest.approx([-c * a for c, a in zip(coef, ADV)], rel=1e-12)
+    assert lp.grad is not None and lp.grad.tolist() == pytest.approx([-c * a for c, a in zip(coef, ADV, strict=True)], rel=1e-12)
 
 
 def test_rl_losses_apply_weights_when_given() -> None:
@@ -126,7 +126,7 @@ async def test_forward_backward_reports_summed_losses(tmp_path: Path) -> None:
                         "advantages": [0.5] * len(lp),
                     },
                 )
-                for d, lp in zip(ce, lps)
+                for d, lp in zip(ce, lps, strict=True)
             ]
             for loss_fn in ("importance_sampling", "ppo", "cispo"):
                 out = await (await client.forward_backward(rl, loss_fn)).result()  # type: ignore[arg-type]
@@ -141,11 +141,11 @@ def test_dro_matches_the_published_formula() -> None:
     lp = _lp()
     loss = dro(lp, _inputs(), {"beta": 0.5})
     # -(lp * A - beta / 2 * (lp - sampling)^2)
-    expected = [-(a * adv - 0.25 * (a - s) ** 2) for a, s, adv in zip(LP, SAMPLING, ADV)]
+    expected = [-(a * adv - 0.25 * (a - s) ** 2) for a, s, adv in zip(LP, SAMPLING, ADV, strict=True)]
     assert loss.tolist() == pytest.approx(expected, rel=1e-12)
     loss.sum().backward()
     # d/dlp = -A + beta * (lp - sampling)
-    grads = [-adv + 0.5 * (a - s) for a, s, adv in zip(LP, SAMPLING, ADV)]
+    grads = [-adv + 0.5 * (a - s) for a, s, adv in zip(LP, SAMPLING, ADV, strict=True)]
     assert lp.grad is not None and lp.grad.tolist() == pytest.approx(grads, rel=1e-12)
     with pytest.raises(ValueError, match="needs loss_fn_config"):
         check_loss_fn("dro", None)
@@ -157,7 +157,7 @@ async def test_a_loss_local_backend_lacks_is_rejected_before_work_naming_the_bac
 
     async with LocalBackend(log_dir=tmp_path / "backend") as backend:
         config = Config(log_path=tmp_path / "run", loss_fn="gspo")
-        with pytest.raises(ConfigError, match="does not implement loss_fn='gspo'.*LocalBackend.*TinkerBackend") as info:
+        with pytest.raises(ConfigError, match=r"does not implement loss_fn='gspo'.*LocalBackend.*TinkerBackend") as info:
             await train(config, dataset=FakeDataset(1, 1), backend=backend)
     assert info.value.field == "loss_fn"
     assert not (tmp_path / "run").exists()

@@ -220,7 +220,7 @@ async def _final_step_run(log_path: Path) -> tuple[TrainResult, FakeBackend]:
 async def test_steps_do_not_follow_dataset_batches_and_the_last_groups_form_a_smaller_step(
     log_path: Path, autojump_clock: MockClock
 ) -> None:
-    result, backend = await _final_step_run(log_path)
+    result, _backend = await _final_step_run(log_path)
     # 10 groups in batches of 2, 4 per step: steps of 4, 4, then 2.
     assert [r["progress/groups"] for r in result.step_metrics] == [4, 4, 2]
     assert result.trained_groups == 10

@@ -45,20 +45,19 @@ async def test_nursery_start_hands_back_a_handle_with_live_metrics(log_path: Pat
     dataset = FakeDataset(num_batches=100, batch_size=4)
     seen: list[int] = []
     with trio.fail_after(RUN_DEADLINE_S):
-        async with FakeBackend(sample_latency=1.0, train_latency=0.5) as backend:
-            async with trio.open_nursery() as nursery:
-                handle: RunHandle = await nursery.start(
-                    lambda task_status: train(
-                        make_config(log_path, "pace"), dataset=dataset, backend=backend, task_status=task_status
-                    )
+        async with FakeBackend(sample_latency=1.0, train_latency=0.5) as backend, trio.open_nursery() as nursery:
+            handle: RunHandle = await nursery.start(
+                lambda task_status: train(
+                    make_config(log_path, "pace"), dataset=dataset, backend=backend, task_status=task_status
                 )
-                assert handle.step == 0 and handle.log_path == log_path
-                async for record in handle.metrics:
-                    seen.append(record["step"])
-                    if record["step"] == 3:
-                        assert handle.step >= 4
-                        nursery.cancel_scope.cancel()
-                        break
+            )
+            assert handle.step == 0 and handle.log_path == log_path
+            async for record in handle.metrics:
+                seen.append(record["step"])
+                if record["step"] == 3:
+                    assert handle.step >= 4
+                    nursery.cancel_scope.cancel()
+                    break
     assert seen == [0, 1, 2, 3]
     assert [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")] == [0, 1, 2, 3]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -13,7 +14,7 @@ from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy, grou
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
 
 
-def policies(backend: FakeBackend, seed: int = 0):  # noqa: ANN201 - a PolicyFactory
+def policies(backend: FakeBackend, seed: int = 0):  # a PolicyFactory
     client = FakeSamplingClient(backend, version=0, model_path=None)
 
     def policy_for(env_index: int, attempt: int) -> TokenPolicy:
@@ -37,7 +38,7 @@ async def test_multi_turn_rollout_feeds_each_observation_back() -> None:
     trajectory = await do_single_rollout(policies(FakeBackend())(0, 0), env)
     assert len(trajectory.transitions) == 3
     assert [t.episode_done for t in trajectory.transitions] == [False, False, True]
-    for before, after in zip(trajectory.transitions, trajectory.transitions[1:]):
+    for before, after in itertools.pairwise(trajectory.transitions):
         assert after.ob.to_ints()[: before.ob.length] == before.ob.to_ints()
 
 
@@ -234,22 +235,20 @@ async def test_a_failing_cleanup_is_raised_beside_a_crash_that_came_with_a_cance
     # cancelled (a stale group given up) at the instant one of its rollouts crashed.
     builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
     with trio.fail_after(10):
-        with pytest.RaisesGroup(EnvCrash, CleanupBroke, flatten_subgroups=True):
-            with trio.CancelScope() as given_up:
-                async with group_envs(builder):
-                    given_up.cancel()
-                    async with trio.open_nursery() as nursery:
-                        # A task's code runs until its first checkpoint: cancelled or not, it raises.
-                        nursery.start_soon(crash if crashing == "a rollout task" else trio.sleep_forever)
-                        if crashing == "the group's own task":
-                            await crash()
-                        await trio.sleep_forever()
+        with pytest.RaisesGroup(EnvCrash, CleanupBroke, flatten_subgroups=True), trio.CancelScope() as given_up:
+            async with group_envs(builder):
+                given_up.cancel()
+                async with trio.open_nursery() as nursery:
+                    # A task's code runs until its first checkpoint: cancelled or not, it raises.
+                    nursery.start_soon(crash if crashing == "a rollout task" else trio.sleep_forever)
+                    if crashing == "the group's own task":
+                        await crash()
+                    await trio.sleep_forever()
 
 
 async def test_a_failing_cleanup_after_a_cancel_alone_is_the_one_error() -> None:
     builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
-    with trio.fail_after(10), pytest.raises(CleanupBroke):
-        with trio.CancelScope() as cancelled:
-            async with group_envs(builder):
-                cancelled.cancel()
-                await trio.sleep_forever()
+    with trio.fail_after(10), pytest.raises(CleanupBroke), trio.CancelScope() as cancelled:
+        async with group_envs(builder):
+            cancelled.cancel()
+            await trio.sleep_forever()

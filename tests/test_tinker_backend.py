@@ -151,7 +151,7 @@ async def test_submits_in_call_order_before_any_wait(service: StandinServiceClie
             await client.save_state("end")
     done = [(op, rid) for what, mid, op, rid in service.events if what == "done" and mid == model_id]
     expected = [x for i in range(5) for x in (("forward_backward", 2 * i), ("optim_step", 2 * i + 1))]
-    assert done == expected + [("save_state", 10)]
+    assert done == [*expected, ("save_state", 10)]
 
 
 async def test_a_cancelled_caller_submits_nothing(service: StandinServiceClient) -> None:
@@ -327,7 +327,7 @@ async def test_deadline_covers_blocking_creation(service: StandinServiceClient) 
     start = time.monotonic()
     with trio.fail_after(5):
         async with TinkerBackend(service_client=service, timeouts=timeouts) as backend:
-            with pytest.raises(RemoteTimeoutError, match="^create_lora_training_client did not"):
+            with pytest.raises(RemoteTimeoutError, match=r"^create_lora_training_client did not"):
                 await new_client(backend)
     assert time.monotonic() - start < 0.4  # the blocked thread was abandoned
 

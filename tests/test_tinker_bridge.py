@@ -116,7 +116,7 @@ async def test_rejects_asyncio_only_futures() -> None:
             return 1
 
     assert not is_sdk_future(AsyncioOnly())
-    with pytest.raises(TypeError, match="no .future"):
+    with pytest.raises(TypeError, match=r"no \.future"):
         await await_future(AsyncioOnly(), what="x", timeout=1)  # type: ignore[arg-type]
 
 
