@@ -48,7 +48,7 @@ class LocalBackend(InProcessBackend):
             restored on exit). The default, 1, is deliberate: for models this
             small a second thread gains little, and when the cores are shared
             with other busy processes, torch's spinning thread barriers made a
-            decode step about 40x slower with 2 threads than with 1 on a
+            decode step many times slower with 2 threads than with 1 on a
             2-core machine. ``None`` keeps torch's setting.
         inflight_recompute_kv: with in-flight weights, whether running
             requests recompute their keys and values under newly published
