@@ -14,19 +14,21 @@ from typing import Any
 import pytest
 from tinker import types as tinker_types
 
+from trio_rl.backends.local.runtime import EngineSettings
+
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 
+def backend(log_dir: Path, *, num_threads: int = 1, engine: EngineSettings | None = None, **model: Any) -> Any:
+    """An ``HFBackend`` on the CPU in float32, one torch thread (tests share the cores).
 
-def backend(log_dir: Path, **kwargs: Any) -> Any:
-    """An ``HFBackend`` on the CPU in float32, one torch thread (tests share the cores)."""
-    from trio_rl.backends.hf import HFBackend
+    ``model`` holds :class:`~trio_rl.backends.HFModelSettings` fields other than those two.
+    """
+    from trio_rl.backends.hf import HFBackend, HFModelSettings
 
-    kwargs.setdefault("device", "cpu")
-    kwargs.setdefault("dtype", "float32")
-    kwargs.setdefault("num_threads", 1)
-    return HFBackend(log_dir=log_dir, **kwargs)
+    settings = HFModelSettings(**{"device": "cpu", "dtype": "float32", **model})
+    return HFBackend(log_dir=log_dir, num_threads=num_threads, model=settings, engine=engine)
 
 
 def datum(tokens: list[int], **inputs: list[float]) -> tinker_types.Datum:

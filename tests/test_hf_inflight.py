@@ -14,6 +14,7 @@ from tinker import types as tinker_types
 from tests.hf_helpers import backend, datum
 from tests.inflight_helpers import fresh_logprobs, span_a_publish
 from tests.integration.tiny_model import TinyModel
+from trio_rl.backends import EngineSettings
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
 
 SPAN = tinker_types.SamplingParams(max_tokens=8, seed=7, stop=[])
@@ -83,7 +84,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
     peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
-        async with backend(tmp_path, inflight_recompute_kv=True) as be:
+        async with backend(tmp_path, engine=EngineSettings(inflight_recompute_kv=True)) as be:
             sequences, v0, v1 = await _span_a_publish(be, peaked_tiny_model)
             assert len(sequences) == 3
             for prompt, seq in sequences:

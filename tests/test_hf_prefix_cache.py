@@ -12,6 +12,7 @@ from tinker import types as tinker_types
 from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
 from tests.prefill_helpers import count_prefilled_tokens
+from trio_rl.backends import EngineSettings
 
 SYSTEM = "You answer with one number. Question: "
 
@@ -66,8 +67,8 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(
 ) -> None:
     with trio.fail_after(180):
         cached, prompts = await _conversations(tmp_path / "cached", peaked_tiny_model)
-        plain, _ = await _conversations(tmp_path / "plain", peaked_tiny_model, prefix_cache_bytes=0)
-        tight, _ = await _conversations(tmp_path / "tight", peaked_tiny_model, prefix_cache_bytes=24 << 10)
+        plain, _ = await _conversations(tmp_path / "plain", peaked_tiny_model, engine=EngineSettings(prefix_cache_bytes=0))
+        tight, _ = await _conversations(tmp_path / "tight", peaked_tiny_model, engine=EngineSettings(prefix_cache_bytes=24 << 10))
     for runs in zip(cached, plain, tight, strict=True):
         a, *others = (r.sequences[0] for r in runs)
         for b in others:

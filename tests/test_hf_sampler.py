@@ -12,6 +12,7 @@ from tinker import types as tinker_types
 
 from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
+from trio_rl.backends import EngineSettings
 
 
 def _prompt(tokenizer: Any, text: str) -> tinker_types.ModelInput:
@@ -173,7 +174,7 @@ async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(
 
     with trio.fail_after(120):
         cached = await rollouts(tmp_path / "cached")
-        plain = await rollouts(tmp_path / "plain", prefix_cache_bytes=0)
+        plain = await rollouts(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0))
     for a, b in zip(cached, plain, strict=True):
         assert a.sequences[0].tokens == b.sequences[0].tokens
         assert a.sequences[0].logprobs == pytest.approx(b.sequences[0].logprobs, abs=1e-4)

@@ -12,7 +12,7 @@ import trio
 from tinker import types as tinker_types
 
 from tests.inflight_helpers import fresh_logprobs, publish_after_step, span_a_publish
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.sampler import LocalSamplingClient
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
 
@@ -26,8 +26,8 @@ def _prompt(text: str) -> list[int]:
     return [TOK.bos_token_id, *TOK.encode(text)]
 
 
-def _backend(tmp_path: Path, **kwargs: Any) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 async def _train_one_step(client: Any) -> None:
@@ -87,7 +87,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(60):
-        async with _backend(tmp_path, inflight_recompute_kv=True) as backend:
+        async with _backend(tmp_path, engine=EngineSettings(inflight_recompute_kv=True)) as backend:
             # Rows of different prompt lengths, several per request, recomputed together.
             responses, v0, v1 = await _span_a_publish(backend, [("abc", 2), ("hgfedcba ab", 1)])
             checked = 0

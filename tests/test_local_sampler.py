@@ -12,7 +12,7 @@ import trio.lowlevel
 from tinker import types as tinker_types
 
 from tests.polling import wait_until
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.sampler import LocalSamplingClient, pick_tokens
 
 TOK = CharTokenizer("abcdefgh ")
@@ -23,8 +23,8 @@ def _prompt(text: str) -> tinker_types.ModelInput:
     return tinker_types.ModelInput.from_ints([TOK.bos_token_id, *TOK.encode(text)])
 
 
-def _backend(tmp_path: Path, **kwargs: int) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 async def _sampler(backend: LocalBackend, seed: int = 0) -> LocalSamplingClient:
@@ -210,7 +210,7 @@ async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) ->
 
 async def test_many_concurrent_requests(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path, max_batch_rows=16) as backend:
+        async with _backend(tmp_path, engine=EngineSettings(max_batch_rows=16)) as backend:
             sampler = await _sampler(backend)
             lengths: list[int] = []
 
@@ -246,7 +246,7 @@ async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(tmp_p
     with trio.fail_after(60):
         async with _backend(tmp_path / "cached") as cached_backend:
             cached = await _group_rollouts(await _sampler(cached_backend))
-        async with _backend(tmp_path / "plain", prefix_cache_bytes=0) as plain_backend:
+        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as plain_backend:
             plain = await _group_rollouts(await _sampler(plain_backend))
     assert [_seqs(r) for r in cached] == [_seqs(r) for r in plain]
     lengths = [len(p) for p in ("abc", "hg fe", "abc d")]

@@ -11,7 +11,7 @@ from tinker import types as tinker_types
 
 from tests.prefill_helpers import count_prefilled_tokens
 from trio_rl import Config, train
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
 from trio_rl.backends.local.sampler import LocalSamplingClient
 from trio_rl.testing import FakeDataset, FakeEnvSpec
@@ -119,8 +119,8 @@ def _prompt(text: str) -> list[int]:
     return [TOK.bos_token_id, *TOK.encode(text)]
 
 
-def _backend(tmp_path: Path, **kwargs: Any) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 def _seqs(resp: tinker_types.SampleResponse) -> list[tuple[list[int], list[float], str]]:
@@ -188,11 +188,11 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(tmp
         async with _backend(tmp_path / "cached") as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             cached = await _conversations(await client.save_weights_for_sampler("s0"))
-        async with _backend(tmp_path / "plain", prefix_cache_bytes=0) as backend:
+        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             plain = await _conversations(await client.save_weights_for_sampler("s0"))
         # A bound that holds about one prompt: prefixes are evicted and computed again.
-        async with _backend(tmp_path / "tight", prefix_cache_bytes=12 << 10) as backend:
+        async with _backend(tmp_path / "tight", engine=EngineSettings(prefix_cache_bytes=12 << 10)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             tight = await _conversations(await client.save_weights_for_sampler("s0"))
     # Float64 forward passes, rounded to float32: bit for bit.
