@@ -62,9 +62,9 @@ class BatchingEngine(InflightBatch[W]):
         runtime: the backend's nursery (for the engine task), thread limiter,
             seed source (for requests that bring no seed), and
             ``inflight_recompute_kv``.
-        vocab_size: token ids must lie in ``[0, vocab_size)``.
-        max_seq_len: prompt plus sampled tokens never exceed this.
-        default_stop_ids: the stop tokens of a request whose ``stop`` is ``None``.
+        limits: what a request must fit: token ids in ``[0, vocab_size)``, prompt plus
+            sampled tokens at most ``max_seq_len``, and the stop tokens of a request
+            whose ``stop`` is ``None``.
         inflight: whether this is an in-flight engine.
         version: the version of its first weights (optimizer steps taken).
     """
@@ -73,16 +73,14 @@ class BatchingEngine(InflightBatch[W]):
         self,
         runtime: BackendRuntime,
         *,
-        vocab_size: int,
-        max_seq_len: int,
-        default_stop_ids: frozenset[int],
+        limits: Limits,
         inflight: bool = False,
         version: int = 0,
     ) -> None:
         recompute = inflight and runtime.inflight_recompute_kv
         super().__init__(runtime.prefix_cache_bytes, inflight=inflight, version=version, recompute_kv=recompute)
         self._runtime = runtime
-        self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
+        self._limits = limits
         self._pending: list[Request] = []
         self._running = False
 

@@ -40,6 +40,7 @@ from torch import Tensor
 from trio_rl.backends.local.batching import BatchingEngine, pick_tokens, row_seed
 from trio_rl.backends.local.model import KVCache, TransformerLM, causal_mask
 from trio_rl.backends.local.prefix_cache import KV, Prefill
+from trio_rl.backends.local.requests import Limits
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
@@ -78,9 +79,7 @@ class SamplingEngine(BatchingEngine[TransformerLM]):
     ) -> None:
         super().__init__(
             runtime,
-            vocab_size=weights.vocab_size,
-            max_seq_len=weights.config.max_seq_len,
-            default_stop_ids=frozenset({tokenizer.eos_token_id}),
+            limits=Limits(weights.vocab_size, weights.config.max_seq_len, frozenset({tokenizer.eos_token_id})),
             inflight=inflight,
             version=version,
         )
