@@ -256,13 +256,16 @@ async def test_a_server_refusing_inflight_weights_fails_the_run_before_any_rollo
 @needs_inflight
 def test_the_command_line_reports_a_refused_inflight_save_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("tyro")  # the command line's; the SkyRL stage's venv has none
-    from trio_rl.cli import EXIT_CONFIG_ERROR, run_cli
+    from trio_rl.cli import EXIT_CONFIG_ERROR, Reporting, run_cli
 
     out = io.StringIO()
     with open_standin_service(inflight_refusal=refusal("request_failed")) as service:
         backend = TinkerBackend(service_client=service)
         code = run_cli(
-            inflight_config(tmp_path / "run"), dataset=FakeDataset(2, 4), backend=backend, progress=False, out=out
+            inflight_config(tmp_path / "run"),
+            dataset=FakeDataset(2, 4),
+            backend=backend,
+            reporting=Reporting(progress=False, out=out),
         )
     assert code == EXIT_CONFIG_ERROR
     (line,) = out.getvalue().splitlines()
