@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 
 from tests.polling import wait_until
+from tests.tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 from trio_rl.backends import protocol
 from trio_rl.backends.tinker import (
     MissingApiKeyError,

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import (
+
+from tests.polling import wait_until
+from tests.tinker_sdk_standin import (
     StandinAPIFuture,
     StandinError,
     StandinServiceClient,
     open_standin_service,
 )
-
-from tests.polling import wait_until
 from trio_rl.backends._future_bridge import (
     RemoteTimeoutError,
     as_concurrent_future,

@@ -22,10 +22,10 @@ import pytest
 import tinker
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import StandinServiceClient, open_standin_service
 
 from tests.pipeline_helpers import make_config
 from tests.polling import wait_until
+from tests.tinker_sdk_standin import StandinServiceClient, open_standin_service
 from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends import protocol
