@@ -316,6 +316,8 @@ def test_only_the_bridge_module_imports_asyncio() -> None:
         if path.name == "asyncio_bridge.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]

@@ -28,7 +28,7 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def help_entries(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict:
+def help_entries(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
     """Each flag of the example's ``--help`` and what follows it, unwrapped onto one line."""
     monkeypatch.setenv("COLUMNS", "120")  # one column of option groups
     with pytest.raises(SystemExit) as stop:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trio.testing import MockClock
@@ -16,7 +17,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
 COOKBOOK_FIELDS = ("name", "batch", "state_path", "sampler_path", "cumulative_tokens", "discarded_tokens")
 TOKEN_KINDS = {"sampled", "prefill_cached", "prefill_uncached", "trained"}
 
-COOKBOOK_ROW = {
+COOKBOOK_ROW: dict[str, Any] = {
     "name": "000002",
     "batch": 2,
     "state_path": "tinker://fake-run/weights/000002",

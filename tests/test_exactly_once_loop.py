@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from trio_rl import RetryOnFailure
 from trio_rl.errors import NonFiniteError
 from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeTrainingClient
+from trio_rl.types import Env, Metrics, Trajectory
 
 
 def _final_records(log_path: Path) -> list[dict[str, Any]]:
@@ -88,8 +90,10 @@ async def test_a_crash_with_save_on_cancel_saves_nothing_and_writes_no_final_row
             batch = original(index)
             if index == 1:
 
-                async def nan_rewards(group: Any, envs: Any) -> list[tuple[float, dict[str, float]]]:
-                    return [(float("nan"), {}) for _ in group]
+                async def nan_rewards(
+                    trajectory_group: list[Trajectory], env_group: Sequence[Env]
+                ) -> list[tuple[float, Metrics]]:
+                    return [(float("nan"), {}) for _ in trajectory_group]
 
                 batch[2].compute_group_rewards = nan_rewards  # type: ignore[method-assign]
             return batch

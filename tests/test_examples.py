@@ -69,7 +69,8 @@ def test_arithmetic_reward_is_exact_or_partial() -> None:
 
     async def reward(text: str, eos: bool = False) -> float:
         tokens = tokenizer.encode(text) + ([tokenizer.eos_token_id] if eos else [])
-        return (await env.step(tokens)).reward
+        reward: float = (await env.step(tokens)).reward
+        return reward
 
     import trio
 

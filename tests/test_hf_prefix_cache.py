@@ -19,7 +19,8 @@ SYSTEM = "You answer with one number. Question: "
 
 async def _sample(sampler: Any, prompt: list[int], seed: int) -> tinker_types.SampleResponse:
     params = tinker_types.SamplingParams(max_tokens=4, seed=seed, stop=[])
-    return await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
+    response: tinker_types.SampleResponse = await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
+    return response
 
 
 async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tuple[list[Any], list[list[int]]]:

@@ -144,7 +144,7 @@ async def test_malformed_data_and_unknown_losses_are_rejected(tmp_path: Path, ti
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
             with pytest.raises(ValueError, match="does not implement"):
-                await trainer.forward_backward([], "dpo")  # type: ignore[arg-type]
+                await trainer.forward_backward([], "dpo")
             pending = await trainer.forward_backward([datum([1, 2, 3])], "cross_entropy")
             with pytest.raises(ValueError, match="lacks loss_fn_inputs"):
                 await pending.result()
@@ -173,13 +173,13 @@ async def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradi
             for seq, prompt, d, got in zip(SEQS, prompts, data, out.loss_fn_outputs, strict=True):
                 x = torch.tensor([seq[:-1]])
                 logits = trainer.model(input_ids=x).logits[0].float()
-                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+                reference = torch.log_softmax(logits, -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
                 old = torch.tensor(d.loss_fn_inputs["logprobs"].tolist())
-                adv = torch.tensor(d.loss_fn_inputs["advantages"].tolist())
-                total = total + (-torch.exp(lp - old) * adv).sum()
-                assert got["logprobs"].tolist()[prompt:] == pytest.approx(lp[prompt:].tolist(), abs=1e-5)
+                advantage = torch.tensor(d.loss_fn_inputs["advantages"].tolist())
+                total = total + (-torch.exp(reference - old) * advantage).sum()
+                assert got["logprobs"].tolist()[prompt:] == pytest.approx(reference[prompt:].tolist(), abs=1e-5)
                 assert got["logprobs"].tolist()[:prompt] == [0.0] * prompt
-            total.backward()
+            total.backward()  # type: ignore[no-untyped-call]
             assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-4)
             for n, p in trainer.model.named_parameters():
                 if n in grads:

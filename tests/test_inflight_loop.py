@@ -3,6 +3,7 @@ and a cancel during an in-flight publish that leaves the saved state and its rec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def inflight_config(log_path: Path, k: int = 2, **overrides: Any) -> Config:
 def sampler_model(seed: int = 0, latencies: FakeLatencies | None = None) -> FakeBackend:
     """Few distinct lengths, so that sequences end, and weights are published, at the same instants."""
 
-    def length(prompt: list[int], index: int) -> int:
+    def length(prompt: Sequence[int], index: int) -> int:
         return (2, 4, 4, 8, 30)[derive_seed(seed, *prompt[:3], index) % 5]
 
     sampler = FakeSamplerModel(slots=5, token_latency=0.125, response_length=length)
@@ -140,7 +141,8 @@ class SamplingEvaluatorFake:
     def __init__(self) -> None:
         self.seen: list[tuple[int, bool, list[int] | None]] = []
 
-    async def __call__(self, client: Any) -> dict[str, float]:
+    async def __call__(self, sampling_client: Any) -> dict[str, float]:
+        client = sampling_client
         await trio.sleep(0.5)
         response = await client.sample(
             compat.model_input_from_ints([1, 2, 3]), 1, tinker_types.SamplingParams(max_tokens=30, seed=0)

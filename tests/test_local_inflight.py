@@ -12,8 +12,9 @@ import trio
 from tinker import types as tinker_types
 
 from tests.inflight_helpers import fresh_logprobs, publish_after_step, span_a_publish
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
-from trio_rl.backends.local.sampler import LocalSamplingClient
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
 
 TOK = CharTokenizer("abcdefgh ")
@@ -34,7 +35,10 @@ async def _train_one_step(client: Any) -> None:
     """One large Adam step, so the next weights sample visibly differently."""
     datum = tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(_prompt("abcab")),
-        loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
+        loss_fn_inputs={
+            "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
+            "weights": compat.tensor([1.0] * 6, "float32"),
+        },
     )
     await (await client.forward_backward([datum], "cross_entropy")).result()
     await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
@@ -185,6 +189,7 @@ async def test_published_weights_release_the_ones_they_replace(tmp_path: Path) -
             client = await backend.create_training_client(base_model="tiny", seed=0)
             inflight = await client.save_weights_for_sampler("000000", inflight=True)
             engine = inflight._engine
+            assert isinstance(engine, SamplingEngine)
             v0 = weakref.ref(engine._model)
             await _train_one_step(client)
             await client.save_weights_for_sampler("000001", inflight=True)

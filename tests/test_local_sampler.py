@@ -12,6 +12,7 @@ import trio.lowlevel
 from tinker import types as tinker_types
 
 from tests.polling import wait_until
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.sampler import LocalSamplingClient, pick_tokens
 
@@ -268,7 +269,10 @@ async def test_prefix_cache_is_not_shared_across_weights(tmp_path: Path) -> None
             assert (await old.sample(_prompt("abc"), 1, params)).prompt_cache_hit_tokens == 4
             datum = tinker_types.Datum(
                 model_input=_prompt("abcab"),
-                loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
+                loss_fn_inputs={
+                    "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
+                    "weights": compat.tensor([1.0] * 6, "float32"),
+                },
             )
             await (await client.forward_backward([datum], "cross_entropy")).result()
             await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()

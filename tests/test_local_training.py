@@ -25,7 +25,7 @@ def _datum(text: str) -> tinker_types.Datum:
     seq = [TOK.bos_token_id, *TOK.encode(text), TOK.eos_token_id]
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+        loss_fn_inputs={"target_tokens": compat.tensor(seq[1:], "int64"), "weights": compat.tensor([1.0] * (len(seq) - 1), "float32")},
     )
 
 
@@ -65,7 +65,7 @@ def test_grad_clip_scales_global_norm() -> None:
     scaled = copy.deepcopy(clipped)
     _grads_like(clipped, 1)
     _grads_like(scaled, 1)
-    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in scaled.parameters() if p.grad is not None))
+    norm = torch.stack([(p.grad.double() ** 2).sum() for p in scaled.parameters() if p.grad is not None]).sum().sqrt()
     for p in scaled.parameters():
         assert p.grad is not None
         p.grad *= 0.5 / (float(norm) + 1e-6)
@@ -117,9 +117,9 @@ async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
                         tinker_types.Datum(
                             model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
                             loss_fn_inputs={
-                                "target_tokens": seq[1:],
-                                "logprobs": s.logprobs or [],
-                                "advantages": [1.0] * len(s.tokens),
+                                "target_tokens": compat.tensor(seq[1:], "int64"),
+                                "logprobs": compat.tensor(s.logprobs or [], "float32"),
+                                "advantages": compat.tensor([1.0] * len(s.tokens), "float32"),
                             },
                         )
                     )
@@ -189,7 +189,8 @@ async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             await client.forward_backward(BATCH, "dro")
         bad = tinker_types.Datum(
-            model_input=tinker_types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [1, 2]}
+            model_input=tinker_types.ModelInput.from_ints([1, 2]),
+            loss_fn_inputs={"target_tokens": compat.tensor([1, 2], "int64")},
         )
         pending = await client.forward_backward([bad], "cross_entropy")
         with pytest.raises(ValueError, match="weights"):
@@ -222,9 +223,9 @@ def _rl_datum(seq: list[int], prompt: int, advantage: float) -> tinker_types.Dat
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
         loss_fn_inputs={
-            "target_tokens": seq[1:],
-            "logprobs": [0.0] * prompt + [-1.0 - 0.1 * j for j in range(n - prompt)],
-            "advantages": [0.0] * prompt + [advantage] * (n - prompt),
+            "target_tokens": compat.tensor(seq[1:], "int64"),
+            "logprobs": compat.tensor([0.0] * prompt + [-1.0 - 0.1 * j for j in range(n - prompt)], "float32"),
+            "advantages": compat.tensor([0.0] * prompt + [advantage] * (n - prompt), "float32"),
             "mask": compat.tensor([0.0] * prompt + [1.0] * (n - prompt), "float32"),
         },
     )
@@ -253,7 +254,7 @@ def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradient() 
         got_lp = torch.tensor(got["logprobs"].tolist())
         assert got_lp[trained].tolist() == pytest.approx(lp[trained].tolist(), abs=1e-6)
         assert got_lp[~trained].tolist() == [0.0] * int((~trained).sum())
-    total.backward()
+    total.backward()  # type: ignore[no-untyped-call]
     assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-5)
     for n, p in model.named_parameters():
         assert p.grad is not None

@@ -9,6 +9,7 @@ once, and stragglers trained late (beyond K) rather than waited for or dropped.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def _timed_backend(seconds: dict[int, float] | float, train_latency: float) -> F
     Its ``sequences`` record when each response started and which weights sampled it.
     """
 
-    def length(prompt: list[int], index: int) -> int:
+    def length(prompt: Sequence[int], index: int) -> int:
         group = prompt[1] - 2
         return round((seconds if isinstance(seconds, float) else seconds.get(group, 1.0)) / TOKEN_S)
 
@@ -175,7 +176,7 @@ async def test_a_trained_groups_slot_is_freed_only_once_the_new_weights_are_publ
     for n, key in enumerate(sorted(first_sample)):
         started, version = first_sample[key]
         if n < slots:
-            assert (started, version) == (pytest.approx(0.0, abs=1e-6), 0)
+            assert started == pytest.approx(0.0, abs=1e-6) and version == 0
             continue
         # Group n waits for the step that frees the (n - slots)-th slot: step (n - slots) // B.
         step = (n - slots) // groups_per_batch

@@ -11,6 +11,7 @@ from tinker import types as tinker_types
 
 from tests.prefill_helpers import count_prefilled_tokens
 from trio_rl import Config, train
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
 from trio_rl.backends.local.sampler import LocalSamplingClient
@@ -222,7 +223,10 @@ async def test_a_publish_empties_the_cache_of_an_inflight_engine_prefixes_includ
             before = await _sample(inflight, turn_two)
             datum = tinker_types.Datum(
                 model_input=tinker_types.ModelInput.from_ints(_prompt("abcab")),
-                loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
+                loss_fn_inputs={
+                    "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
+                    "weights": compat.tensor([1.0] * 6, "float32"),
+                },
             )
             await (await client.forward_backward([datum], "cross_entropy")).result()
             await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import trio
@@ -12,9 +12,10 @@ from tinker import types as tinker_types
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
 from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
+from trio_rl.types import Env
 
 
-def policies(backend: FakeBackend, seed: int = 0):  # a PolicyFactory
+def policies(backend: FakeBackend, seed: int = 0) -> Callable[[int, int], TokenPolicy]:
     client = FakeSamplingClient(backend, version=0, model_path=None)
 
     def policy_for(env_index: int, attempt: int) -> TokenPolicy:
@@ -120,8 +121,8 @@ async def test_a_hung_rollout_times_out_and_is_retried(autojump_clock: trio.test
 class _SlotsZeroAndOneFail(FakeEnvGroupBuilder):
     """Slots 0 and 1 fail in their first step, at the same instant; a fresh env of any slot succeeds."""
 
-    async def make_envs(self) -> Sequence[FakeEnv]:
-        envs = list(await super().make_envs())
+    async def make_envs(self) -> Sequence[Env]:
+        envs = [env for env in await super().make_envs() if isinstance(env, FakeEnv)]
         for env in envs[:2]:
             env.spec = FakeEnvSpec(fail_at={self.key: "step"})
             env.index = 0  # the fake fails env 0 of a failing key

@@ -106,11 +106,12 @@ async def test_an_inflight_save_follows_the_optim_step_submitted_before_it(servi
                     "weights": compat.tensor([1, 1], "float32"),
                 },
             )
-            pending = [await client.forward_backward([datum], "cross_entropy"), await client.optim_step(ADAM)]
+            trained = await client.forward_backward([datum], "cross_entropy")
+            stepped = await client.optim_step(ADAM)
             # Saved without waiting for the step: the submit order alone puts it after.
             inflight = await client.save_weights_for_sampler("000001", inflight=True)
-            for result in pending:
-                await result.result()
+            await trained.result()
+            await stepped.result()
     submits = [op for what, _, op, _ in service.events if what == "submit"]
     assert submits == ["forward_backward", "optim_step", SAVE]
     assert inflight.sdk_client.weights_step == 1
