@@ -16,6 +16,8 @@ import trio
 import trio.testing
 from tinker import types as tinker_types
 
+from trio_rl import _tinker_compat as compat
+
 
 def publish_after_step(
     engine: Any,
@@ -105,3 +107,16 @@ async def span_a_publish(
             nursery.start_soon(one, i, prompt, samples)
     assert len(published) == 1
     return [responses[i] for i in range(len(prompts))], v0, v1
+
+
+async def train_one_large_step(trainer: Any, tokens: list[int], targets: list[int]) -> None:
+    """One cross-entropy step at learning rate 0.05 on one datum, so the next weights sample visibly differently."""
+    datum = tinker_types.Datum(
+        model_input=tinker_types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={
+            "target_tokens": compat.tensor(targets, "int64"),
+            "weights": compat.tensor([1.0] * len(targets), "float32"),
+        },
+    )
+    await (await trainer.forward_backward([datum], "cross_entropy")).result()
+    await (await trainer.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()

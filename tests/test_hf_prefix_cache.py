@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from tinker import types as tinker_types
 
 from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
-from tests.prefill_helpers import count_prefilled_tokens
+from tests.prefill_helpers import count_prefilled_tokens, sample_each
 from trio_rl.backends import EngineSettings
 
 SYSTEM = "You answer with one number. Question: "
@@ -37,17 +38,10 @@ async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tupl
         sampler = await trainer.save_weights_for_sampler("s0")
 
         async def wave(prompts: list[list[int]], seed: int) -> list[tinker_types.SampleResponse]:
-            got: dict[int, tinker_types.SampleResponse] = {}
-
-            async def one(i: int) -> None:
-                got[i] = await _sample(sampler, prompts[i], seed + i)
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(prompts)):
-                    nursery.start_soon(one, i)
-            out.extend(got[i] for i in range(len(prompts)))
+            responses = await sample_each(partial(_sample, sampler), prompts, seed)
+            out.extend(responses)
             sent.extend(prompts)
-            return [got[i] for i in range(len(prompts))]
+            return responses
 
         system = tok.encode(SYSTEM)
         turn_one = [system + tok.encode(q) for q in ("3 + 4?", "5 + 1?", "3 + 4?", "What is 12 + 30?")]

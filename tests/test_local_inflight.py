@@ -11,8 +11,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.inflight_helpers import fresh_logprobs, publish_after_step, span_a_publish
-from trio_rl import _tinker_compat as compat
+from tests.inflight_helpers import fresh_logprobs, publish_after_step, span_a_publish, train_one_large_step
 from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
@@ -33,15 +32,7 @@ def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBacke
 
 async def _train_one_step(client: Any) -> None:
     """One large Adam step, so the next weights sample visibly differently."""
-    datum = tinker_types.Datum(
-        model_input=tinker_types.ModelInput.from_ints(_prompt("abcab")),
-        loss_fn_inputs={
-            "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
-            "weights": compat.tensor([1.0] * 6, "float32"),
-        },
-    )
-    await (await client.forward_backward([datum], "cross_entropy")).result()
-    await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
+    await train_one_large_step(client, _prompt("abcab"), TOK.encode("abcabc"))
 
 
 async def _span_a_publish(
