@@ -34,6 +34,12 @@ def modelled(slots: int | None = None, latencies: FakeLatencies | None = None) -
     return FakeBackend(sampler=sampler, latencies=latencies)
 
 
+async def inflight_client(backend: FakeBackend) -> tuple[FakeTrainingClient, FakeSamplingClient]:
+    """A training client of ``backend`` and an in-flight sampling client of its version 0."""
+    training = await backend.create_training_client(base_model="fake")
+    return training, await training.save_weights_for_sampler("000000", inflight=True)
+
+
 async def sample(client: FakeSamplingClient, prompt: list[int], num_samples: int = 1) -> tinker_types.SampleResponse:
     params = tinker_types.SamplingParams(max_tokens=10_000, seed=prompt[-1])
     return await client.sample(compat.model_input_from_ints(prompt), num_samples, params)
@@ -59,8 +65,7 @@ def expected_versions(backend: FakeBackend, sequence: FakeSequence, floor: int) 
 
 async def test_a_sequence_spanning_a_publish_carries_both_versions(autojump_clock: trio.testing.MockClock) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     assert client.inflight and client.version == 0
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -80,8 +85,7 @@ async def test_a_publish_at_the_instant_of_a_token_counts_from_the_next_token(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             # Token 2 is produced at exactly 3 s, when version 1 is published.
@@ -94,8 +98,7 @@ async def test_several_publishes_during_one_sequence_each_take_over_in_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
 
     async def publishes() -> None:
         for at in (1.5, 2.5, 6.25):
@@ -126,8 +129,7 @@ async def test_a_queued_sequence_takes_the_versions_of_when_its_tokens_are_produ
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled(slots=1)
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample, client, [4, 1])
@@ -160,8 +162,7 @@ async def test_tokens_and_logprobs_stay_those_of_the_starting_version(autojump_c
     flat, spanning = modelled(), modelled()
     responses = []
     for backend, publish in ((flat, False), (spanning, True)):
-        training = await backend.create_training_client(base_model="fake")
-        client = await training.save_weights_for_sampler("000000", inflight=True)
+        training, client = await inflight_client(backend)
         async with trio.open_nursery() as nursery:
             if publish:
                 nursery.start_soon(publish_at, training, 2.5)
@@ -175,8 +176,7 @@ async def test_a_slow_inflight_save_publishes_when_it_returns_and_a_cancelled_on
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled(latencies=FakeLatencies(save=2.0))
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)  # returns at 2 s
+    training, client = await inflight_client(backend)  # returns at 2 s
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             # Asked at 3 s, published at 5 s; the next, asked at 6 s, is cancelled at 7 s.
@@ -197,8 +197,7 @@ async def test_without_the_sampler_model_every_token_has_the_version_when_it_was
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = FakeBackend(sample_latency=2.0)
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(publish_at, training, 1.0)
@@ -250,8 +249,7 @@ async def test_a_cancelled_sequence_records_the_versions_of_the_tokens_it_produc
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(publish_at, training, 2.5)
