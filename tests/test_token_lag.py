@@ -16,8 +16,8 @@ from tests.pipeline_helpers import make_config, run_fake
 from tests.work_items import finished_group, work_item
 from trio_rl import AsyncConfig, TokensWithLogprobs, Trajectory, Transition
 from trio_rl import _tinker_compat as compat
+from trio_rl.loop.step_metrics import token_lag_metrics
 from trio_rl.rl.data import trained_tokens_by_version
-from trio_rl.rl.step_metrics import token_lag_metrics
 from trio_rl.testing import (
     FakeBackend,
     FakeDataset,

@@ -11,7 +11,7 @@ import trio
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
-from ..loop.determinism import derive_seed
+from ..base.determinism import derive_seed
 from .calls import latency_of
 from .inflight import InflightWeights
 from .service import FakeService
