@@ -176,6 +176,17 @@ class _FakeSlots:
             request.granted.set()
 
 
+@dataclass(frozen=True)
+class _Served:
+    """One sample call as the sampler model serves it: the prompt, the client's weights version,
+    the request's seed, and the in-flight weights its tokens come from (None on a snapshot client)."""
+
+    prompt: tuple[int, ...]
+    version: int
+    seed: int | None
+    inflight: InflightWeights | None
+
+
 class SamplerModel:
     """The sampler model of :class:`FakeBackend`: slots, per-token time, and a record of every sequence."""
 
@@ -198,25 +209,18 @@ class SamplerModel:
         Returns:
             Per sequence, the version of each token (from ``inflight``), or None without it.
         """
+        call = _Served(prompt, version, seed, inflight)
         versions: list[tuple[int, ...] | None] = [None] * len(lengths)
         if len(lengths) == 1:
-            await self._hold(prompt, 0, lengths[0], version, seed, inflight, versions)
+            await self._hold(call, 0, lengths[0], versions)
             return versions
         async with trio.open_nursery() as nursery:
             for index, length in enumerate(lengths):
-                nursery.start_soon(self._hold, prompt, index, length, version, seed, inflight, versions)
+                nursery.start_soon(self._hold, call, index, length, versions)
         return versions
 
-    async def _hold(
-        self,
-        prompt: tuple[int, ...],
-        index: int,
-        length: int,
-        version: int,
-        seed: int | None,
-        inflight: InflightWeights | None,
-        versions: list[tuple[int, ...] | None],
-    ) -> None:
+    async def _hold(self, call: _Served, index: int, length: int, versions: list[tuple[int, ...] | None]) -> None:
+        prompt, version, seed, inflight = call.prompt, call.version, call.seed, call.inflight
         requested = trio.current_time()
         if self.slots is None:
             started = requested
