@@ -33,6 +33,7 @@ its groups' admission slots; last, the
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import trio
 
@@ -72,21 +73,19 @@ async def run_pipeline(
     # Unbounded so that a worker never waits for the trainer to take its group;
     # admission already bounds what can pile up here.
     groups_send, groups_recv = trio.open_memory_channel[Delivery](math.inf)
-    # The back edge of a cycle must never block: the trainer sends without
-    # waiting, the dataloader drains.
-    resample_send, resample_recv = (
-        trio.open_memory_channel[WorkItem](math.inf) if run.schedule.resamples else (None, None)
-    )
     evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
     stop_rollouts = trio.CancelScope()
     owed = OwedEvaluations()
     crashes = Crashes()
     nursery.start_soon(crashes.watch, evaluator(evaluation, evals_recv, run.metrics, owed))
     workers = WorkerPool(items_send, items_recv, groups_send, rollout, run)
-    nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, items, run, workers, resample_recv))
+    nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, items, run, workers))
     # A crashing trainer leaves its channels open, so that no stage mistakes
     # the crash for the end of data (and raises beside it).
-    with closed_unless_crashed(*(c for c in (groups_recv, evals_send, resample_send) if c is not None)):
+    with (
+        closed_unless_crashed(groups_recv, evals_send),
+        run.resampling.closed_unless_crashed() if run.resampling is not None else nullcontext(),
+    ):
         schedule = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
         # In flight, the latest client adopts later weights while it samples: evaluations get pinned ones.
         pinned = runner.weights_to_evaluate if trainer.inflight_weights else None
@@ -94,7 +93,7 @@ async def run_pipeline(
         return await Trainer(
             trainer,
             run=run,
-            intake=GroupIntake(groups_recv, run, resample_send, stop_rollouts),
+            intake=GroupIntake(groups_recv, run, stop_rollouts),
             runner=runner,
             checkpoints=checkpoints,
             evals=evals,

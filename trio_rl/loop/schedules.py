@@ -143,7 +143,7 @@ class Schedule(ABC):
     """
 
     resamples = False
-    """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the pipeline then opens its back edge)."""
+    """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the run then has a :class:`~trio_rl.loop.resampling.Resampling`)."""
 
     def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
         self.groups_per_step = groups_per_step

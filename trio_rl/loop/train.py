@@ -27,6 +27,7 @@ from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
 from .pipeline import run_pipeline
+from .resampling import Resampling
 from .schedules import Schedule
 from .selected_schedule import schedule_for
 from .stages.evaluator import Evaluation
@@ -224,13 +225,17 @@ def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, li
     """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
     log_path = Path(config.log_path)
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
+    schedule = schedule_for(config, first_batch_size)
+    ledger, gate = DataLedger(begin.cursor, begin.owed), ConsumptionGate()
+    resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
     return Run(
         start_step=begin.step,
-        schedule=schedule_for(config, first_batch_size),
-        weights=LatestWeights(),
-        ledger=DataLedger(begin.cursor, begin.owed),
-        gate=ConsumptionGate(),
+        schedule=schedule,
+        weights=LatestWeights(on_publish=None if resampling is None else resampling.published),
+        ledger=ledger,
+        gate=gate,
         metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
+        resampling=resampling,
     )
 
 

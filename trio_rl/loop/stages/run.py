@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
+from ..resampling import Resampling
 from ..schedules import Schedule
 from ..weights import LatestWeights
 
@@ -22,6 +23,7 @@ class Run:
         ledger: the items handed out and not yet trained or dropped (the trainer's).
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
+        resampling: what resampling does beyond deciding; only where the schedule resamples.
     """
 
     start_step: int
@@ -30,3 +32,4 @@ class Run:
     ledger: DataLedger
     gate: ConsumptionGate
     metrics: MetricsLog
+    resampling: Resampling | None = None

@@ -165,8 +165,8 @@ class Trainer:
         # The intake and the ledger count this run's groups; a resumed run adds them to the checkpoint's.
         return replace(
             counts,
-            requeued=start.requeued + intake.requeued,
-            dropped_stale=start.dropped_stale + intake.dropped_stale,
+            requeued=start.requeued + intake.resampled,
+            dropped_stale=start.dropped_stale + intake.dropped,
             groups_skipped=start.groups_skipped + intake.groups_skipped,
             empty_batches=start.empty_batches + self._run.ledger.empty_batches,
             filtered_groups=counts.filtered_groups + len(filtered),
