@@ -123,10 +123,6 @@ class Config:
         """
         return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
 
-    def inflight_weights(self) -> bool:
-        """Whether this run publishes its weights in flight (``async_config.inflight_weights``)."""
-        return self.async_config is not None and self.async_config.inflight_weights
-
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``).
 

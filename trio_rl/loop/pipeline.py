@@ -86,10 +86,8 @@ async def run_pipeline(
         closed_unless_crashed(groups_recv, evals_send),
         run.resampling.closed_unless_crashed() if run.resampling is not None else nullcontext(),
     ):
-        schedule = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
-        # In flight, the latest client adopts later weights while it samples: evaluations get pinned ones.
-        pinned = runner.weights_to_evaluate if trainer.inflight_weights else None
-        evals = EvalRequests(schedule, evals_send, run.weights, owed, pinned)
+        due = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
+        evals = EvalRequests(due, evals_send, run.weights, runner.weights_to_evaluate, owed)
         return await Trainer(
             trainer,
             run=run,

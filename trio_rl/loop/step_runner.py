@@ -13,20 +13,31 @@ from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
 from ..rl.data import without_mask
 from ..rl.kl import incorporate_kl_penalty
 from ..types import Metrics
+from .publishing import WeightsPublishing
 from .schedules import Minibatch
 from .weights import LatestWeights
 from .work import FinishedGroup
 
 
-async def publish_weights(client: TrainingClient, name: str, *, inflight: bool) -> SamplingClient:
-    """Save ``client``'s weights for sampling as ``name``, in flight where asked.
+@dataclass(frozen=True)
+class StepSettings:
+    """What every step's requests carry, and which of its groups it trains.
 
-    A snapshot save passes no ``inflight`` argument, so a training client written
-    before in-flight weights existed (a user's wrapper, a test double) still works.
+    Attributes:
+        loss_fn, loss_fn_config: the loss of every ``forward_backward``, and its parameters.
+        adam_params: the parameters of every ``optim_step``.
+        remove_constant_reward_groups: train no group whose rewards are all equal.
+        keep_one_constant_group: a step whose groups were all removed so trains its first instead.
+        kl_penalty_coef, kl_discount_factor: the KL penalty added to the advantages (0: none).
     """
-    if inflight:
-        return await client.save_weights_for_sampler(name, inflight=True)
-    return await client.save_weights_for_sampler(name)
+
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    adam_params: tinker_types.AdamParams
+    remove_constant_reward_groups: bool = False
+    keep_one_constant_group: bool = False
+    kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
 
 
 @dataclass
@@ -77,29 +88,18 @@ class StepRunner:
     """
 
     def __init__(
-        self,
-        client: TrainingClient,
-        weights: LatestWeights,
-        *,
-        loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
-        adam_params: tinker_types.AdamParams,
-        remove_constant_reward_groups: bool,
-        keep_one_constant_group: bool = False,
-        kl_penalty_coef: float = 0.0,
-        kl_discount_factor: float = 0.0,
-        inflight: bool = False,
+        self, client: TrainingClient, weights: LatestWeights, publishing: WeightsPublishing, settings: StepSettings
     ) -> None:
         self._client = client
-        self._inflight = inflight
         self._weights = weights
-        self._loss_fn = loss_fn
-        self._loss_fn_config = loss_fn_config
-        self._adam_params = adam_params
-        self._filter = remove_constant_reward_groups
+        self._publishing = publishing
+        self._loss_fn = settings.loss_fn
+        self._loss_fn_config = settings.loss_fn_config
+        self._adam_params = settings.adam_params
+        self._filter = settings.remove_constant_reward_groups
         # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
-        self._keep_one = keep_one_constant_group
-        self._kl = (kl_penalty_coef, kl_discount_factor)
+        self._keep_one = settings.keep_one_constant_group
+        self._kl = (settings.kl_penalty_coef, settings.kl_discount_factor)
         self._current: TrainedStep | None = None
 
     def begin(self, step: int) -> None:
@@ -128,7 +128,7 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await publish_weights(self._client, f"{done.step + 1:06d}", inflight=self._inflight)
+            sampler = await self._publishing.publish(self._client, f"{done.step + 1:06d}")
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)
@@ -136,15 +136,11 @@ class StepRunner:
         return done
 
     async def weights_to_evaluate(self, version: int, latest: SamplingClient) -> SamplingClient:
-        """A client for exactly the weights of ``version``, the latest published: ``latest``, or a snapshot of it.
+        """A client for exactly the weights of ``version``, the latest published (see :meth:`WeightsPublishing.pinned`).
 
         Call it between steps, when the training client holds ``version``'s weights.
-        An in-flight client (``latest`` in an in-flight run) adopts the next step's
-        weights while it samples, so an evaluation gets a snapshot saved now instead.
         """
-        if not self._inflight:
-            return latest
-        return await self._client.save_weights_for_sampler(f"{version:06d}-eval")
+        return await self._publishing.pinned(self._client, version, latest)
 
     async def finish_interrupted(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
         """Complete a step that was cancelled after it had submitted work; None if it had not.

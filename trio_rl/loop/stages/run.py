@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
+from ..publishing import WeightsPublishing
 from ..resampling import Resampling
 from ..schedules import Schedule
 from ..weights import LatestWeights
@@ -23,6 +24,7 @@ class Run:
         ledger: the items handed out and not yet trained or dropped (the trainer's).
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
+        publishing: how the weights reach the samplers (snapshots or in flight), chosen once.
         resampling: what resampling does beyond deciding; only where the schedule resamples.
     """
 
@@ -32,4 +34,5 @@ class Run:
     ledger: DataLedger
     gate: ConsumptionGate
     metrics: MetricsLog
+    publishing: WeightsPublishing
     resampling: Resampling | None = None

@@ -36,16 +36,12 @@ class TrainerSettings:
     groups_per_step: int
     max_steps: int | None
     save_every: int
-    save_on_cancel: bool
-    cancel_save_timeout: float
     planned_steps: int | None = None
     """The steps the run expects in all (for ``progress/done_frac``), when known."""
     learning_rate: float | None = None
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_counts: RunCounts = field(default_factory=RunCounts)
     """Group and token counts before this run (from the checkpoint resumed), which this run continues."""
-    inflight_weights: bool = False
-    """Whether the weights are published in flight (token lags are then a bound where the backend does not say)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +95,9 @@ class Trainer:
         except trio.Cancelled:
             # A crash is no end of data: nothing is saved after it.
             crashed = self._crashes.seen
-            if self._settings.save_on_cancel and self._checkpoints.final is None and not crashed:
-                with trio.move_on_after(self._settings.cancel_save_timeout, shield=True):
+            checkpoints = self._checkpoints
+            if checkpoints.save_on_cancel and checkpoints.final is None and not crashed:
+                with trio.move_on_after(checkpoints.cancel_save_timeout, shield=True):
                     interrupted = await self._runner.finish_interrupted(self._summarize)
                     if interrupted is not None:
                         self._record(interrupted)
@@ -193,7 +190,13 @@ class Trainer:
             filtered=[g for g in done.taken if id(g) not in trained_ids],
         )
         settings = self._settings
-        metrics = trained_step_metrics(done, self.counts, tokens, settings.planned_steps, settings.inflight_weights)
+        metrics = trained_step_metrics(
+            done,
+            self.counts,
+            tokens,
+            settings.planned_steps,
+            lags_are_bounds=self._run.publishing.token_lags_are_bounds,
+        )
         if not math.isfinite(metrics["train/loss:sum"]):
             # Checked before anything is recorded or saved: the state is unusable.
             raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")
