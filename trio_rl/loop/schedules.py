@@ -108,6 +108,16 @@ class Minibatch:
     groups: list[FinishedGroup]
     optim_step: bool
     skipped: int = 0
+    filtered: tuple[FinishedGroup, ...] = ()
+    """The groups of ``groups`` the schedule filtered out (constant rewards): the step takes them, and trains none."""
+
+    @property
+    def trained(self) -> list[FinishedGroup]:
+        """The groups to train: ``groups`` less ``filtered``, in order."""
+        if not self.filtered:
+            return self.groups
+        out = {id(group) for group in self.filtered}
+        return [group for group in self.groups if id(group) not in out]
 
 
 @dataclass(frozen=True)
@@ -140,15 +150,22 @@ class Schedule(ABC):
             first dataset batch's size, which only names the usual step size).
         num_substeps: optimizer steps per training step.
         staleness_limit: K, how many steps stale a trained group may be (0 on-policy).
+        filter_constant: filter out groups whose rewards are all equal
+            (``remove_constant_reward_groups``): a step takes them and trains none
+            of them (:attr:`Minibatch.filtered`), or, where the schedule says so,
+            they are filtered the moment they arrive (:attr:`Verdict.FILTER`).
     """
 
     resamples = False
     """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the run then has a :class:`~trio_rl.loop.resampling.Resampling`)."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
         self.groups_per_step = groups_per_step
         self.num_substeps = num_substeps
         self.staleness_limit = staleness_limit
+        self.filter_constant = filter_constant
 
     @property
     def samples_exact_version(self) -> bool:
@@ -205,11 +222,24 @@ class Schedule(ABC):
         # of them can still be trained within K steps of the weights it starts on.
         return max(0, order - self.groups_per_step * (self.staleness_limit + 1) + 1)
 
+    def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
+        """Which of a step's (or a minibatch's) ``groups`` it takes without training them."""
+        if not self.filter_constant:
+            return ()
+        return tuple(group for group in groups if group.summary.constant_reward)
+
     def _substeps(self, step: int, groups: list[FinishedGroup], skipped: int = 0) -> tuple[int, list[Minibatch]]:
         """``groups`` as ``num_substeps`` minibatches with an ``optim_step`` each (a group is never split)."""
         chunks = [chunk for chunk in split_evenly(groups, self.num_substeps) if chunk] or ([[]] if skipped else [])
+        filtered = {id(group) for group in self._filtered(groups)}
         return step, [
-            Minibatch(chunk, optim_step=True, skipped=skipped if i == 0 else 0) for i, chunk in enumerate(chunks)
+            Minibatch(
+                chunk,
+                optim_step=True,
+                skipped=skipped if i == 0 else 0,
+                filtered=tuple(group for group in chunk if id(group) in filtered),
+            )
+            for i, chunk in enumerate(chunks)
         ]
 
 
@@ -225,8 +255,10 @@ def _on_policy_admission(position: Position, start_step: int) -> Admission:
 class _StepsKnownInAdvance(Schedule):
     """Schedules whose admission names each item's step and that step's size: Sync, Pace and Stream."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
         self._skipped_by_step: dict[int, int] = defaultdict(int)
         # Each step's group count, known once its first group arrives.
@@ -250,8 +282,10 @@ class _StepsKnownInAdvance(Schedule):
 class _FixedSteps(_StepsKnownInAdvance):
     """Step ``s`` trains exactly the items admitted for it (less those skipped), once all have arrived."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._planned: tuple[int, list[Minibatch]] = (-1, [])
 
     def need(self, step: int, ended: bool) -> Need:
@@ -274,8 +308,14 @@ class _FixedSteps(_StepsKnownInAdvance):
 class Sync(_FixedSteps):
     """On-policy: dataset batch ``s`` samples from the weights of step ``s`` and is trained as step ``s``.
 
-    An empty dataset batch has no step.
+    An empty dataset batch has no step. Where constant-reward groups are
+    filtered and every group of a step has constant rewards, the step trains
+    its first group, as tinker-cookbook 0.6.1's sync loop does.
     """
+
+    def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
+        filtered = super()._filtered(groups)
+        return filtered[1:] if groups and len(filtered) == len(groups) else filtered
 
     def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
         """One step per dataset batch."""
@@ -309,8 +349,10 @@ class Stream(_StepsKnownInAdvance):
     arrived; an ``optim_step`` follows every ``num_minibatches / num_substeps`` minibatches.
     """
 
-    def __init__(self, groups_per_step: int, num_minibatches: int, num_substeps: int = 1) -> None:
-        super().__init__(groups_per_step, num_substeps)
+    def __init__(
+        self, groups_per_step: int, num_minibatches: int, num_substeps: int = 1, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, filter_constant=filter_constant)
         self.num_minibatches = num_minibatches
         self._per_substep = max(1, num_minibatches // num_substeps)
         self._planned: tuple[int, list[int]] = (-1, [])
@@ -347,7 +389,8 @@ class Stream(_StepsKnownInAdvance):
         if not taken and not skipped:
             return None
         self._index += 1
-        return Minibatch(taken, optim_step=self._index % self._per_substep == 0, skipped=skipped)
+        optim_step = self._index % self._per_substep == 0
+        return Minibatch(taken, optim_step=optim_step, skipped=skipped, filtered=self._filtered(taken))
 
     def _minibatch_sizes(self, step: int) -> list[int]:
         if self._planned[0] != step:
@@ -388,8 +431,10 @@ class Requeue(Schedule):
 
     resamples = True
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._by_version: dict[int, list[FinishedGroup]] = defaultdict(list)
         self._fresh = 0
         self._planned: tuple[int, list[Minibatch]] = (-1, [])

@@ -21,21 +21,17 @@ from .work import FinishedGroup
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What every step's requests carry, and which of its groups it trains.
+    """What every step's requests carry.
 
     Attributes:
         loss_fn, loss_fn_config: the loss of every ``forward_backward``, and its parameters.
         adam_params: the parameters of every ``optim_step``.
-        remove_constant_reward_groups: train no group whose rewards are all equal.
-        keep_one_constant_group: a step whose groups were all removed so trains its first instead.
         kl_penalty_coef, kl_discount_factor: the KL penalty added to the advantages (0: none).
     """
 
     loss_fn: str
     loss_fn_config: dict[str, float] | None
     adam_params: tinker_types.AdamParams
-    remove_constant_reward_groups: bool = False
-    keep_one_constant_group: bool = False
     kl_penalty_coef: float = 0.0
     kl_discount_factor: float = 0.0
 
@@ -96,9 +92,6 @@ class StepRunner:
         self._loss_fn = settings.loss_fn
         self._loss_fn_config = settings.loss_fn_config
         self._adam_params = settings.adam_params
-        self._filter = settings.remove_constant_reward_groups
-        # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
-        self._keep_one = settings.keep_one_constant_group
         self._kl = (settings.kl_penalty_coef, settings.kl_discount_factor)
         self._current: TrainedStep | None = None
 
@@ -111,14 +104,14 @@ class StepRunner:
         assert self._current is not None, "submit() between begin() and finish()"
         self._current.taken.extend(minibatch.groups)
         self._current.skipped += minibatch.skipped
-        await self._submit(self._current, minibatch.groups, optim=minibatch.optim_step)
+        await self._submit(self._current, minibatch.trained, optim=minibatch.optim_step)
 
     async def finish(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
         """Wait for the step's answers and publish its weights; None if it had no group (the data has ended).
 
         A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
-        sampler: its weights version is published with the unchanged weights. With
-        ``keep_one_constant_group`` (sync mode), an all-filtered step trains its first group instead.
+        sampler: its weights version is published with the unchanged weights. Which groups a
+        step trains is its schedule's decision (:attr:`~trio_rl.loop.schedules.Minibatch.filtered`).
         """
         current = self._current
         assert current is not None, "finish() after begin()"
@@ -154,12 +147,9 @@ class StepRunner:
         current.summary = summarize(current.taken)
         return await self._complete(current)
 
-    async def _submit(
-        self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool, keep: bool = False
-    ) -> None:
-        if groups and current.started is None:
+    async def _submit(self, current: TrainedStep, kept: list[FinishedGroup], *, optim: bool) -> None:
+        if kept and current.started is None:
             current.started = time.perf_counter()
-        kept = [g for g in groups if keep or not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
             diffs = [diff for group in kept for diff in group.reference_diffs or []]
@@ -186,8 +176,6 @@ class StepRunner:
             current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
-        if self._keep_one and not current.trained and current.taken:
-            await self._submit(current, current.taken[:1], optim=True, keep=True)
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]

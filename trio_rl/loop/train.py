@@ -310,8 +310,6 @@ def _step_runner(config: Config, client: TrainingClient, run: Run) -> StepRunner
         loss_fn=config.training_loss_fn(),
         loss_fn_config=config.loss_fn_config,
         adam_params=config.adam_params(),
-        remove_constant_reward_groups=config.remove_constant_reward_groups,
-        keep_one_constant_group=config.mode == "sync",
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
     )
