@@ -55,7 +55,7 @@ class OldestFirst(Schedule):
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         assert not isinstance(delivery, AbandonedGroup), "OldestFirst never gives a rollout up"
         if isinstance(delivery, SkippedGroup):
             return Verdict.SKIP

@@ -1,17 +1,17 @@
 """What resampling does beyond deciding: the back edge, the end of data, the patience and giving up.
 
-A schedule decides that a group is to be sampled again (:attr:`~trio_rl.loop.schedules.Verdict.RESAMPLE`,
+A schedule decides that a group is to be resampled (:attr:`~trio_rl.loop.schedules.Verdict.RESAMPLE`,
 :meth:`~trio_rl.loop.schedules.Schedule.expired`) and when a rollout is too stale to
 finish (:meth:`~trio_rl.loop.schedules.Schedule.gives_up_at`). :class:`Resampling`
 carries that out, and exists only in a run whose schedule resamples
 (:attr:`~trio_rl.loop.schedules.Schedule.resamples`); no other part of the loop
 holds any of its state.
 
-- The back edge: items to sample again go from the trainer to the dataloader on
+- The back edge: items to resample go from the trainer to the dataloader on
   an unbounded channel (the back edge of a cycle must never block). The dataloader
-  closes it when the data runs out, so an item sent back later is dropped and counted.
+  closes it when the data runs out, so an item resampled later is dropped and counted.
 - Which of the two an item gets depends on whether the dataloader is done, so
-  items are sent back only at the end of an instant, once every task due then
+  items are handed to the dataloader only at the end of an instant, once every task due then
   has run (:func:`~trio_rl.base.determinism.settle`), never by which of the
   trainer and the dataloader Trio ran first.
 - Stale rollouts: a rollout whose weights become too stale is given up the
@@ -40,12 +40,12 @@ from .work import WorkItem
 
 
 class Resampling:
-    """The items a run samples again, and the rollouts it gives up; one per run whose schedule resamples.
+    """The items a run resamples, and the rollouts it gives up; one per run whose schedule resamples.
 
     Args:
         schedule: the run's schedule (one that resamples).
         ledger: the run's data ledger: a dropped item is retired from it.
-        gate: the run's consumption gate: an item sent back frees its slot.
+        gate: the run's consumption gate: an item resampled frees its slot.
     """
 
     def __init__(self, schedule: Schedule, ledger: DataLedger, gate: ConsumptionGate) -> None:
@@ -55,7 +55,7 @@ class Resampling:
         self._send, self._receive = trio.open_memory_channel[WorkItem](math.inf)
         self._pending: list[WorkItem] = []
         self.resampled = self.dropped = 0
-        """Items sent back to be sampled again, and items dropped because the data had ended."""
+        """Items resampled, and items dropped because the data had ended."""
         # When this run's first step and the current one began, and when the data ended (Trio's clock).
         self._first: tuple[int, float] | None = None
         self._step_start = 0.0
@@ -72,12 +72,12 @@ class Resampling:
         self._pending.extend(self._schedule.expired(step))
 
     def add(self, item: WorkItem) -> None:
-        """Sample ``item`` again (sent back at the end of this instant)."""
+        """Sample ``item`` again (handed to the dataloader at the end of this instant)."""
         self._pending.append(item)
 
     @property
     def pending(self) -> bool:
-        """Whether items wait to be sent back at the end of this instant."""
+        """Whether items wait to be handed to the dataloader at the end of this instant."""
         return bool(self._pending)
 
     @property
@@ -86,7 +86,7 @@ class Resampling:
         return bool(self._pending) or self._data_ended is None
 
     def end_instant(self) -> None:
-        """At a settled instant: note whether the data has ended, then send back what is pending, in dataset order."""
+        """At a settled instant: note whether the data has ended, then hand what is pending to the dataloader, in dataset order."""
         self._ledger.read_notes()
         if self._data_ended is None and self._ledger.dataloader_done:
             self._data_ended = trio.current_time()
@@ -156,13 +156,13 @@ class Resampling:
     # ------------------------------------------------------------ the dataloader's side
 
     def take_ready(self) -> list[WorkItem]:
-        """The items sent back so far, to be handed out again ahead of fresh ones (never waits)."""
+        """The items resampled so far, to be handed out again ahead of fresh ones (never waits)."""
         return ready(self._receive)
 
     def take_last(self) -> list[WorkItem]:
-        """The data has run out: the items sent back so far, and the back edge closed in the same step.
+        """The data has run out: the items resampled so far, and the back edge closed in the same step.
 
-        No checkpoint between taking and closing, so nothing sent back is ever
+        No checkpoint between taking and closing, so nothing resampled is ever
         left unread in the channel's buffer; later items are dropped.
         """
         last = ready(self._receive)

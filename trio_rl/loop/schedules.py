@@ -1,6 +1,6 @@
 """One schedule per training mode: everything that differs between sync, stream, pace and requeue.
 
-| mode | a work item samples from | a step trains | sent back to be sampled again |
+| mode | a work item samples from | a step trains | resampled |
 |---|---|---|---|
 | :class:`Sync` | exactly the weights of its step (dataset batch ``s`` is step ``s``) | its batch, split into ``num_substeps`` optimizer steps | nothing |
 | :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | nothing |
@@ -18,8 +18,8 @@ counts or touches the ledger. The pipeline's stages ask it:
 - a rollout worker, :attr:`Schedule.samples_exact_version` and
   :meth:`Schedule.gives_up_at`: whether its weights are fixed in advance, and
   when a rollout is too stale to be worth finishing;
-- the trainer, for every group it receives, :meth:`Schedule.sort`: keep it for a
-  step, skip it (it failed), filter it out, or have it sampled again; at each step's start,
+- the trainer, for every group it receives, :meth:`Schedule.classify`: keep it for a
+  step, skip it (it failed), filter it out, or have it resampled; at each step's start,
   :meth:`Schedule.expired`: kept groups that became too stale; and for each
   minibatch, :meth:`Schedule.need` (must more groups arrive before it is
   decided?), :meth:`Schedule.stop_waiting_at` (until when, once the data has
@@ -71,14 +71,14 @@ class Admission:
 
 
 class Verdict(enum.Enum):
-    """What becomes of a group the trainer received (see :meth:`Schedule.sort`)."""
+    """What becomes of a group the trainer received (see :meth:`Schedule.classify`)."""
 
     KEEP = enum.auto()
     """The schedule holds it for a step."""
     SKIP = enum.auto()
     """It failed beyond its error tolerance: counted, never trained, its slot free at once."""
     RESAMPLE = enum.auto()
-    """Too stale (or given up): sampled again while the dataset has data, else dropped."""
+    """Too stale (or given up): resampled while the dataset has data, else dropped."""
     FILTER = enum.auto()
     """No learning signal (constant rewards): counted as filtered, its tokens as discarded, never trained, its slot free at once."""
 
@@ -129,7 +129,7 @@ class StepClock:
         start: when the step being prepared began.
         steps: the steps this run began before it.
         data_ended: when the trainer, about to wait, found that every item had
-            been handed out and that none could be sampled again.
+            been handed out and that none could be resampled.
     """
 
     first_start: float
@@ -157,7 +157,7 @@ class Schedule(ABC):
     """
 
     resamples = False
-    """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the run then has a :class:`~trio_rl.loop.resampling.Resampling`)."""
+    """Whether :meth:`classify` may answer :attr:`Verdict.RESAMPLE` (the run then has a :class:`~trio_rl.loop.resampling.Resampling`)."""
 
     def __init__(
         self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
@@ -186,7 +186,7 @@ class Schedule(ABC):
         """Which weights a fresh item may use, which step trains it, and when it may start."""
 
     @abstractmethod
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         """Keep, skip or resample a group received while the trainer prepares ``step``."""
 
     def expired(self, step: int) -> list[WorkItem]:
@@ -264,7 +264,7 @@ class _StepsKnownInAdvance(Schedule):
         # Each step's group count, known once its first group arrives.
         self._sizes: dict[int, int] = {}
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         item_step = delivery.item.step
         assert not isinstance(delivery, AbandonedGroup) and item_step is not None
         self._sizes.setdefault(item_step, delivery.item.step_size or 0)
@@ -403,16 +403,16 @@ class Requeue(Schedule):
     """Off-policy that never waits for stragglers: train the oldest fresh groups, resample stale ones.
 
     A rollout still running when its weights become more than K steps old is
-    given up and resampled too. A group is sent back at the end of the instant
-    its verdict falls (once every task due then has run): it is sampled again
-    if the dataloader still had data then, and dropped and counted
+    given up and resampled too. Whether a group is resampled is settled at the
+    end of the instant its verdict falls (once every task due then has run): it
+    is if the dataloader still had data then, and it is dropped and counted
     (``async/dropped_stale``) otherwise, so the choice never depends on which
     task Trio ran first. This is tinker-cookbook 0.5.5's policy
     (``do_async_training``: stale groups requeued until the dataloader is done,
     discarded after), except that 0.5.5 never gives up a running rollout and
     leaves a last, partial batch untrained.
 
-    At the end of data (every item handed out, none can be sampled again) no
+    At the end of data (every item handed out, none can be resampled) no
     newer weights are published while a step waits, so none would be given up
     and the last step would wait for its slowest rollout, 0.5.5 too. Here time
     stands in for the versions that no longer come: a step waits for the
@@ -458,9 +458,9 @@ class Requeue(Schedule):
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         if isinstance(delivery, SkippedGroup):
-            # Never sampled again: a failed group is skipped, as in the cookbook.
+            # Never resampled: a failed group is skipped, as in the cookbook.
             return Verdict.SKIP
         if isinstance(delivery, AbandonedGroup) or step - delivery.version > self.staleness_limit:
             return Verdict.RESAMPLE

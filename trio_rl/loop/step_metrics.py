@@ -27,7 +27,7 @@ class RunCounts:
     Attributes:
         trained_groups: groups that reached ``forward_backward``.
         filtered_groups: groups removed by the constant-reward filter.
-        requeued: groups sent back to be sampled again.
+        requeued: groups resampled.
         dropped_stale: groups dropped as too stale after the data ran out.
         in_flight_max: the most groups handed out and not yet consumed at any step's start.
         empty_batches: empty dataset batches skipped.

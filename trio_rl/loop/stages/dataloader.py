@@ -26,7 +26,7 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
 
     Closes the items channel when the data runs out, which is how the end of
     data reaches the workers and then the trainer. Where the run resamples,
-    items sent back while fresh data remained are handed out again; the back
+    items resampled while fresh data remained are handed out again; the back
     edge is then closed, so that later ones are dropped and counted
     (:class:`~trio_rl.loop.resampling.Resampling`).
     """
@@ -42,8 +42,8 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
                 continue
             admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if resampling is not None and (again := resampling.take_ready()):
-                    for item in again:
+                if resampling is not None and (resampled := resampling.take_ready()):
+                    for item in resampled:
                         await workers.hand_out(item)
                     continue
                 if gate.consumed >= admission.consumed_before:

@@ -14,16 +14,16 @@ from .run import Run
 
 
 class GroupIntake:
-    """The trainer's receive side: every group delivered is sorted by the schedule, and its verdict carried out here.
+    """The trainer's receive side: every group delivered is classified by the schedule, and its verdict carried out here.
 
     This is the one place where a group's fate before its step is carried out
     and counted: skipped, filtered, resampled or dropped. A group that leaves
-    this way is retired from the ledger (unless it is sampled again) and frees
+    this way is retired from the ledger (unless it is resampled) and frees
     its admission slot at once: a step may wait for groups that are only
     admitted once slots held by failed groups are free, and a straggler that
     kept its slot through every retry would starve the run.
 
-    A group to be sampled again goes to the run's
+    A group to be resampled goes to the run's
     :class:`~trio_rl.loop.resampling.Resampling`, which exists only where the
     schedule resamples and does the rest.
     """
@@ -42,12 +42,12 @@ class GroupIntake:
 
     @property
     def resampled(self) -> int:
-        """Groups sent back to be sampled again so far."""
+        """Groups resampled so far."""
         return 0 if self._resampling is None else self._resampling.resampled
 
     @property
     def dropped(self) -> int:
-        """Groups to be sampled again that were dropped instead, the data having ended."""
+        """Groups to be resampled that were dropped instead, the data having ended."""
         return 0 if self._resampling is None else self._resampling.dropped
 
     def expire(self, step: int) -> None:
@@ -60,14 +60,14 @@ class GroupIntake:
         while (need := self._schedule.need(step, self.ended)) is Need.ANOTHER_GROUP:
             await self._receive(step)
         if need is Need.THIS_INSTANT or (self._resampling is not None and self._resampling.pending):
-            await self.sort_this_instant(step)
+            await self.classify_this_instant(step)
         return self._schedule.next_minibatch(step)
 
-    async def sort_this_instant(self, step: int) -> None:
-        """Sort, for ``step``, every group delivered by the end of the current instant; send back what is resampled."""
+    async def classify_this_instant(self, step: int) -> None:
+        """Classify, for ``step``, every group delivered by the end of the current instant, and hand on what is resampled."""
         if not self.ended:
             await settle(TRAINER_FIRST)
-            self._sort_ready(step)
+            self._classify_ready(step)
         if self._resampling is not None:
             self._resampling.end_instant()
 
@@ -83,45 +83,45 @@ class GroupIntake:
         return filtered
 
     async def _receive(self, step: int) -> None:
-        """Wait for a group and sort it; past the schedule's patience, give up the rollouts still running."""
+        """Wait for a group and classify it; past the schedule's patience, give up the rollouts still running."""
         resampling = self._resampling
         if resampling is not None and resampling.settles_before_waiting:
-            if not resampling.pending and self._sort_ready(step):
+            if not resampling.pending and self._classify_ready(step):
                 return  # no wait: groups had arrived
-            # Waiting needs what was sent back handed on, and the end of data seen, at a settled instant.
-            await self.sort_this_instant(step)
+            # Waiting needs what was resampled handed on, and the end of data seen, at a settled instant.
+            await self.classify_this_instant(step)
             if self._schedule.need(step, self.ended) is not Need.ANOTHER_GROUP:
                 return
         deadline = math.inf if resampling is None else resampling.patience(step)
         # A scope only where there is a deadline: most waits have none.
         with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
             try:
-                self._sort(await self._groups.receive(), step)
+                self._classify(await self._groups.receive(), step)
             except trio.EndOfChannel:
                 self.ended = True
             return
-        await self.sort_this_instant(step)
+        await self.classify_this_instant(step)
         if self._schedule.need(step, self.ended) is Need.ANOTHER_GROUP:
             # Only a deadline, so only resampling, leads here. Each rollout
             # running delivers as given up, and is dropped: the data has ended.
             assert resampling is not None
             resampling.give_up_all()
 
-    def _sort_ready(self, step: int) -> int:
-        """Sort every group already delivered; how many there were."""
-        sorted_ = 0
+    def _classify_ready(self, step: int) -> int:
+        """Classify every group already delivered; how many there were."""
+        classified = 0
         while True:
             try:
-                self._sort(self._groups.receive_nowait(), step)
+                self._classify(self._groups.receive_nowait(), step)
             except trio.WouldBlock:
-                return sorted_
+                return classified
             except trio.EndOfChannel:
                 self.ended = True
-                return sorted_
-            sorted_ += 1
+                return classified
+            classified += 1
 
-    def _sort(self, delivery: Delivery, step: int) -> None:
-        verdict = self._schedule.sort(delivery, step)
+    def _classify(self, delivery: Delivery, step: int) -> None:
+        verdict = self._schedule.classify(delivery, step)
         if verdict is Verdict.SKIP:
             self.groups_skipped += 1
             self._ledger.retire([delivery.item.key])

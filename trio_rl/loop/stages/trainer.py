@@ -119,8 +119,8 @@ class Trainer:
             if max_steps is None or done.step + 1 < max_steps:
                 # A later step's group skipped, filtered or resampled at this
                 # instant is in this record whatever Trio's task order (past
-                # max_steps nothing more is sorted: those groups are cancelled).
-                await self._intake.sort_this_instant(done.step + 1)
+                # max_steps nothing more is classified: those groups are cancelled).
+                await self._intake.classify_this_instant(done.step + 1)
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
