@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -110,12 +110,19 @@ class EvalRequests:
         weights: LatestWeights,
         pinned: Callable[[int, SamplingClient], Awaitable[SamplingClient]],
         owed: OwedEvaluations | None = None,
+        owed_from_before: Sequence[tuple[int, SamplingClient]] = (),
     ) -> None:
         self._schedule = schedule
         self._send = send
         self._weights = weights
         self._pinned = pinned
         self.owed = owed if owed is not None else OwedEvaluations()
+        self._owed_from_before = owed_from_before
+
+    async def request_owed(self) -> None:
+        """Ask for the evaluations a resumed run owes from before its checkpoint (each version with its weights)."""
+        for version, client in self._owed_from_before:
+            await self.request(version, client)
 
     async def request_if_due(self, version: int, *, final: bool = False) -> None:
         """Send ``version``'s sampling client to the evaluator if its evaluation is due.

@@ -26,7 +26,7 @@ from .gate import ConsumptionGate
 from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
-from .pipeline import run_pipeline
+from .pipeline import StageSettings, run_pipeline
 from .publishing import publishing_for
 from .resampling import Resampling
 from .schedules import Schedule
@@ -185,15 +185,18 @@ async def train(
             first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
             run.weights.publish(begin.step, first)
             task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
-            outcome = await run_pipeline(
-                nursery,
-                run,
+            stages = StageSettings(
                 items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
                 rollout=rollout,
                 trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
+                evaluation=await _evaluation(config, backend, begin, evaluators),
+            )
+            outcome = await run_pipeline(
+                nursery,
+                run,
+                stages,
                 runner=_step_runner(config, begin.training_client, run),
                 checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
-                evaluation=await _evaluation(config, backend, begin, evaluators),
             )
     finally:
         if run is not None:
