@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import tyro
 
-from ..config import AsyncConfig, Config, StreamMinibatchConfig
+from ..config import AsyncConfig, Config, Staleness, StreamMinibatchConfig
 from ..errors import ConfigError
 from ..rl.kl import KLReferenceConfig
 from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
@@ -44,7 +44,7 @@ class CommonArgs:
     """the run's configuration; the example's own Config gives the defaults"""
     mode: Literal["sync", "stream", "async"] = "async"
     """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
-    staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
+    staleness: Staleness = "oldest_first"
     """async only: oldest_first (tinker-cookbook 0.6.1: each step trains the oldest completed groups, a straggler is trained late, nothing is discarded), pace (no group more than K steps stale, the strict bound of tinker-cookbook PR #822: a step waits for its stragglers) or requeue staler ones (0.5.5)"""
     max_steps_off_policy: int = 1
     """async only: K, how many steps stale a trained group may be"""

@@ -94,9 +94,8 @@ class AsyncConfig:
             raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
         positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
         if self.staleness not in STALENESS_POLICIES:
-            raise ConfigError(
-                "async_config.staleness", f"use 'oldest_first', 'pace' or 'requeue', not {self.staleness!r}"
-            )
+            *others, last = map(repr, STALENESS_POLICIES)
+            raise ConfigError("async_config.staleness", f"use {', '.join(others)} or {last}, not {self.staleness!r}")
         divides("async_config.groups_per_batch", self.groups_per_batch, "num_substeps", num_substeps)
         if self.inflight_weights and self.staleness != "oldest_first":
             raise ConfigError(
