@@ -12,11 +12,13 @@ from trio_rl import OldestFirst, Pace, Requeue
 from trio_rl.loop.gate import ConsumptionGate
 from trio_rl.loop.ledger import DataLedger
 from trio_rl.loop.metrics_log import MetricsLog
+from trio_rl.loop.publishing import SnapshotWeights
+from trio_rl.loop.resampling import Resampling
 from trio_rl.loop.schedules import Schedule
 from trio_rl.loop.stages.intake import GroupIntake
 from trio_rl.loop.stages.run import Run
 from trio_rl.loop.weights import LatestWeights
-from trio_rl.loop.work import Delivery, Handout, ItemKey, SkippedGroup, WorkItem
+from trio_rl.loop.work import Delivery, Handout, ItemKey, SkippedGroup
 
 DEADLINE_S = 100.0
 """Virtual seconds; under autojump an intake that waits for nothing fails at once."""
@@ -25,15 +27,13 @@ DEADLINE_S = 100.0
 class _Intake:
     """An intake over ``schedule``, its delivery channel, and the run state it writes to."""
 
-    def __init__(self, schedule: Schedule, *, resamples: bool = False) -> None:
-        self.run = Run(0, schedule, LatestWeights(), DataLedger(ItemKey(0, 0), []), ConsumptionGate(), MetricsLog(None))
+    def __init__(self, schedule: Schedule) -> None:
+        ledger, gate = DataLedger(ItemKey(0, 0), []), ConsumptionGate()
+        resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
+        self.run = Run(0, schedule, LatestWeights(), ledger, gate, MetricsLog(None), SnapshotWeights(), resampling)
         self.deliver, groups = trio.open_memory_channel[Delivery](math.inf)
-        self.resampled: trio.MemoryReceiveChannel[WorkItem] | None = None
-        resample = None
-        if resamples:
-            resample, self.resampled = trio.open_memory_channel[WorkItem](math.inf)
         self.stop_rollouts = trio.CancelScope()
-        self.intake = GroupIntake(groups, self.run, resample, self.stop_rollouts)
+        self.intake = GroupIntake(groups, self.run, self.stop_rollouts)
 
     def hand_out(self, *orders: int) -> None:
         """The dataloader's notes for these items of batch 0."""
@@ -81,20 +81,21 @@ async def test_a_constant_reward_group_is_filtered_retired_and_handed_to_the_tra
 async def test_a_stale_group_is_sent_back_once_per_attempt_and_dropped_once_the_back_edge_is_closed(
     autojump_clock: MockClock,
 ) -> None:
-    state = _Intake(Requeue(groups_per_step=1, num_substeps=1, staleness_limit=1), resamples=True)
-    assert state.resampled is not None
+    state = _Intake(Requeue(groups_per_step=1, num_substeps=1, staleness_limit=1))
+    resampling = state.run.resampling
+    assert resampling is not None
     state.hand_out(0, 1)
     state.deliver.send_nowait(finished_group(work_item(0), 0))  # sampled on version 0: 2 steps stale at step 2
     state.deliver.send_nowait(finished_group(work_item(1), 2))
     with trio.fail_after(DEADLINE_S):
         minibatch = await state.intake.next_minibatch(2)
     assert minibatch is not None and [g.item.order for g in minibatch.groups] == [1]
-    (again,) = [state.resampled.receive_nowait()]
+    (again,) = resampling.take_ready()  # what the dataloader hands out again
     assert (again.key, again.attempt) == (ItemKey(0, 0), 1)
-    assert (state.intake.requeued, state.intake.dropped_stale) == (1, 0)
+    assert (state.intake.resampled, state.intake.dropped) == (1, 0)
     assert state.run.gate.consumed == 1  # handed out again ahead of fresh items, without a slot
     # The dataloader is done and closes the back edge: the next stale attempt is dropped and retired.
-    state.resampled.close()
+    assert resampling.take_last() == []
     state.deliver.send_nowait(finished_group(again, 0))
     state.deliver.send_nowait(finished_group(work_item(2), 2))
     state.hand_out(2)
@@ -102,7 +103,7 @@ async def test_a_stale_group_is_sent_back_once_per_attempt_and_dropped_once_the_
         state.intake.expire(3)
         minibatch = await state.intake.next_minibatch(3)
     assert minibatch is not None and [g.item.order for g in minibatch.groups] == [2]
-    assert (state.intake.requeued, state.intake.dropped_stale) == (1, 1)
+    assert (state.intake.resampled, state.intake.dropped) == (1, 1)
     assert ItemKey(0, 0) not in state.run.ledger.outstanding
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 from tinker import types as tinker_types
 from trio.testing import MockClock
 
 from tests.work_items import finished_group, work_item
 from trio_rl import _tinker_compat as compat
+from trio_rl.loop.publishing import InflightWeights, SnapshotWeights, WeightsPublishing
 from trio_rl.loop.schedules import Minibatch
-from trio_rl.loop.step_runner import StepRunner
+from trio_rl.loop.step_runner import StepRunner, StepSettings
 from trio_rl.loop.weights import LatestWeights
 from trio_rl.loop.work import FinishedGroup
 from trio_rl.testing import FakeBackend
@@ -37,18 +36,15 @@ def _group(order: int, rewards: tuple[float, ...] = (1.0, 0.0)) -> FinishedGroup
     return group
 
 
-async def _runner(backend: FakeBackend, **settings: Any) -> tuple[StepRunner, LatestWeights]:
+async def _runner(
+    backend: FakeBackend, publishing: WeightsPublishing | None = None
+) -> tuple[StepRunner, LatestWeights]:
     """A runner on a fresh training client of ``backend``, its version 0 published."""
     client = await backend.create_training_client(base_model="fake")
     weights = LatestWeights()
     weights.publish(0, await client.save_weights_for_sampler("000000"))
-    defaults: dict[str, Any] = {
-        "loss_fn": "importance_sampling",
-        "loss_fn_config": None,
-        "adam_params": ADAM,
-        "remove_constant_reward_groups": False,
-    }
-    return StepRunner(client, weights, **{**defaults, **settings}), weights
+    settings = StepSettings(loss_fn="importance_sampling", loss_fn_config=None, adam_params=ADAM)
+    return StepRunner(client, weights, publishing or SnapshotWeights(), settings), weights
 
 
 def _summary(groups: list[FinishedGroup]) -> dict[str, float]:
@@ -82,11 +78,12 @@ async def test_a_step_whose_groups_are_all_filtered_trains_nothing_and_keeps_the
     autojump_clock: MockClock,
 ) -> None:
     backend = FakeBackend()
-    runner, weights = await _runner(backend, remove_constant_reward_groups=True)
+    runner, weights = await _runner(backend)
     _, before = weights.latest()
+    constant = _group(0, rewards=(1.0, 1.0))
     with trio.fail_after(DEADLINE_S):
         runner.begin(0)
-        await runner.submit(Minibatch([_group(0, rewards=(1.0, 1.0))], optim_step=True))
+        await runner.submit(Minibatch([constant], optim_step=True, filtered=(constant,)))
         done = await runner.finish(_summary)
     assert done is not None and done.trained == [] and [g.item.order for g in done.taken] == [0]
     # No gradients: neither a forward_backward nor an optimizer step that would move Adam's momentum.
@@ -94,15 +91,17 @@ async def test_a_step_whose_groups_are_all_filtered_trains_nothing_and_keeps_the
     assert weights.latest() == (1, before)
 
 
-async def test_keeping_one_constant_group_trains_the_first_when_all_were_filtered(autojump_clock: MockClock) -> None:
+async def test_a_step_trains_only_the_groups_its_schedule_did_not_filter(autojump_clock: MockClock) -> None:
     backend = FakeBackend()
-    runner, weights = await _runner(backend, remove_constant_reward_groups=True, keep_one_constant_group=True)
+    runner, weights = await _runner(backend)
+    constant = _group(1, (0.0, 0.0))
     with trio.fail_after(DEADLINE_S):
         runner.begin(0)
-        await runner.submit(Minibatch([_group(0, (1.0, 1.0)), _group(1, (0.0, 0.0))], optim_step=True))
+        await runner.submit(Minibatch([_group(0), constant, _group(2)], optim_step=True, filtered=(constant,)))
         done = await runner.finish(_summary)
-    assert done is not None and [g.item.order for g in done.trained] == [0]
-    assert [c.detail["groups"] for c in backend.calls_of("forward_backward")] == [[(0, 0)]]
+    assert done is not None and [g.item.order for g in done.trained] == [0, 2]
+    assert [g.item.order for g in done.taken] == [0, 1, 2] and done.summary == {"groups": 3.0}
+    assert [c.detail["data"] for c in backend.calls_of("forward_backward")] == [2]
     assert len(backend.calls_of("optim_step")) == 1 and weights.version == 1
 
 
@@ -117,7 +116,7 @@ async def test_a_step_with_no_group_is_no_step(autojump_clock: MockClock) -> Non
 
 async def test_an_inflight_run_publishes_in_flight_and_evaluates_a_pinned_snapshot(autojump_clock: MockClock) -> None:
     backend = FakeBackend()
-    runner, weights = await _runner(backend, inflight=True)
+    runner, weights = await _runner(backend, InflightWeights())
     with trio.fail_after(DEADLINE_S):
         runner.begin(0)
         await runner.submit(Minibatch([_group(0)], optim_step=True))
