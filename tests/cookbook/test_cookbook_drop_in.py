@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import chz
 import pytest
 import tinker_cookbook
 
@@ -36,7 +37,11 @@ RUN_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny" / "qwen3").path
+    path = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny" / "qwen3").path
+    # Multi-turn prompts outgrow the 512 positions it is built with; its rotary embeddings go further.
+    config_file = Path(path) / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_position_embeddings": 4096}))
+    return path
 
 
 def load_recipe(relative: str, tmp_path: Path) -> types.ModuleType:
@@ -122,3 +127,32 @@ def test_math_rl_async_recipe_trains_through_the_drop_in(tmp_path: Path, tiny_mo
     run_main(recipe.cli_main(cli))
     assert [r["step"] for r in records(log_path) if "progress/groups" in r] == [0, 1]
     assert json.loads((log_path / "config.json").read_text())["async_config"]["max_steps_off_policy"] == 1
+
+
+def test_guess_number_multi_turn_recipe_trains_and_evaluates_its_test_set(tmp_path: Path, tiny_model: str) -> None:
+    recipe = load_recipe("recipes/multiplayer_rl/guess_number/train.py", tmp_path)
+    assert recipe.train is drop_in
+    log_path = tmp_path / "run"
+    cli = recipe.CLIConfig(
+        model_name=tiny_model,
+        renderer_name="role_colon",
+        group_size=2,
+        batch_size=2,
+        max_tokens=4,
+        eval_every=2,
+        save_every=0,
+        max_steps=2,
+        log_path=str(log_path),
+    )
+    config = recipe.build_config(cli)
+    # The recipe's test set is 103 numbers x 4 games of up to ten turns: too slow on a CPU. Three games
+    # keep the test set evaluated (the recipe module itself is unchanged).
+    builder = chz.replace(config.dataset_builder, train_fraction=1021 / 1024, test_group_size=1)
+    run_main(recipe.train.main(chz.replace(config, dataset_builder=builder)))
+    written = records(log_path)
+    steps = [r for r in written if "progress/groups" in r]
+    assert [r["step"] for r in steps] == [0, 1]
+    # Up to ten guesses per game: a game that lasts more than one turn shows the env is multi-turn.
+    assert max(r["env/all/turns_per_episode"] for r in steps) > 1
+    # The builder's test set (0.6.1 evaluates it as RLTestSetEvaluator under "test/").
+    assert any("test/env/all/reward/total" in r for r in written)
