@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..loop.checkpoints import CHECKPOINTS_FILE
 from ..rl.kl import KLReferenceConfig
 from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from ..rl.termination import TerminationRewardPolicy
 
 SAME_NAME = (
     "learning_rate",
@@ -220,4 +221,17 @@ def _strategy(value: Any) -> bool | ErrorStrategy | None:
         "rollout_error_tolerance",
         f"{type(value).__name__} is a rollout strategy trio_rl cannot run (it runs FailFast, RetryOnFailure, "
         "MinViableGroup)",
+    )
+
+
+def termination_policy(value: Any) -> TerminationRewardPolicy | None:
+    """0.6.1's ``TerminationRewardPolicy`` (a chz class) as trio_rl's, field for field."""
+    if value is None:
+        return None
+    return TerminationRewardPolicy(
+        zero_reward_on_limit=value.zero_reward_on_limit,
+        limit_stop_reasons=tuple(str(r) for r in value.limit_stop_reasons),
+        skip_grading_on_timeout=value.skip_grading_on_timeout,
+        grader_timeout_seconds=value.grader_timeout_seconds,
+        pass_all_messages_to_grader=value.pass_all_messages_to_grader,
     )
