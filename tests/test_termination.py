@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import trio
 from tinker import types as tinker_types
 
+from trio_rl.rl.rollouts import do_group_rollout
 from trio_rl.rl.termination import CLAMPED_METRIC_KEY, TerminationRewardPolicy, grade_group
-from trio_rl.types import StopReason, TokensWithLogprobs, Trajectory, Transition
+from trio_rl.types import (
+    STOP_METRIC_PREFIX,
+    Env,
+    EnvGroupBuilder,
+    StepResult,
+    StopCondition,
+    StopReason,
+    TokensWithLogprobs,
+    Trajectory,
+    Transition,
+)
 
 
 def trajectory(step_rewards: list[float], stop_reason: str | None) -> Trajectory:
@@ -80,3 +93,45 @@ async def test_no_policy_grades_as_it_is() -> None:
 def test_a_grader_timeout_must_be_positive_seconds(bad: float) -> None:
     with pytest.raises(ValueError, match="grader_timeout_seconds"):
         TerminationRewardPolicy(grader_timeout_seconds=bad)
+
+
+class LimitedEnv(Env):
+    """One step, rewarded 0.5; ``stop`` names the stop reason it reports (``stop/<reason>``)."""
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+
+    async def initial_observation(self) -> tuple[tinker_types.ModelInput, StopCondition]:
+        return tinker_types.ModelInput.from_ints([1, 2]), []
+
+    async def step(self, action: list[int], *, extra: object = None) -> StepResult:
+        return StepResult(
+            reward=0.5,
+            episode_done=True,
+            next_observation=tinker_types.ModelInput.from_ints([1, 2, *action]),
+            next_stop_condition=[],
+            metrics={f"{STOP_METRIC_PREFIX}{self.stop}": 1.0},
+        )
+
+
+class LimitedGroup(EnvGroupBuilder):
+    async def make_envs(self) -> list[Env]:
+        return [LimitedEnv(StopReason.MAX_TOKENS), LimitedEnv(StopReason.COMPLETED)]
+
+    async def compute_group_rewards(
+        self, trajectories: Sequence[Trajectory], envs: Sequence[Env]
+    ) -> list[tuple[float, dict[str, float]]]:
+        return [(1.0, {}) for _ in trajectories]
+
+
+class OneTokenPolicy:
+    async def __call__(self, ob: tinker_types.ModelInput, stop: StopCondition) -> TokensWithLogprobs:
+        return TokensWithLogprobs(tokens=[3], maybe_logprobs=[-0.1])
+
+
+@pytest.mark.parametrize("policy", [None, TerminationRewardPolicy(zero_reward_on_limit=True)])
+async def test_do_group_rollout_clamps_under_the_policy(policy: TerminationRewardPolicy | None) -> None:
+    group = await do_group_rollout(LimitedGroup(), lambda env, attempt: OneTokenPolicy(), termination=policy)
+    assert [t.stop_reason for t in group.trajectories_G] == ["max_tokens", "completed"]
+    totals = [0.5 + r for r in group.final_rewards_G]
+    assert totals == ([0.0, 1.5] if policy is not None else [1.5, 1.5])
