@@ -97,6 +97,9 @@ NON_DEFAULT = {
     "temperature": 0.7,
     "remove_constant_reward_groups": True,
     "max_steps": 9,
+    "compute_post_kl": True,
+    "num_epochs": 2,
+    "rolling_save_every": 3,
 }
 
 
@@ -169,25 +172,17 @@ def test_labels_change_nothing_trained(tmp_path: Path) -> None:
 
 
 REFUSED = {
-    "compute_post_kl": True,
     "enable_trace": True,
     "span_chart_every": 5,
     "num_groups_to_log": 2,
     "wandb_project": "project",
     "ttl_seconds": 60,
-    "rolling_save_every": 2,
     "rolling_ttl_seconds": 60,
-    "num_epochs": 2,
-    "termination": TerminationRewardPolicy(),
-    "model_name": "thinkingmachines/Inkling-1",  # termination=None means the agentic policy for it
 }
 
 
 def refused_fields() -> list[str]:
-    return [name for name, rule in fields.ONLY_AT.items() if rule.reason != "never refused"] + [
-        "termination",
-        "model_name",
-    ]
+    return [name for name, rule in fields.ONLY_AT.items() if rule.reason != "never refused"]
 
 
 def test_the_refused_values_cover_every_field_accepted_only_at_some_values() -> None:
@@ -201,8 +196,7 @@ def test_a_refused_value_fails_in_one_line_before_any_work(tmp_path: Path, name:
     config = cookbook_config(tmp_path, dataset_builder=builder, **{name: REFUSED[name]})
     with pytest.raises(ConfigError) as caught:
         asyncio.run(drop_in.main(config, backend=backend))
-    field = "termination" if name == "model_name" else name
-    assert caught.value.field == field and "\n" not in str(caught.value)
+    assert caught.value.field == name and "\n" not in str(caught.value)
     assert builder.calls == 0 and backend.calls == []
     assert not (tmp_path / "run").exists()
 
@@ -247,3 +241,16 @@ def test_sampling_steps_ahead_is_max_steps_off_policy(tmp_path: Path) -> None:
         drop_in.AsyncConfig(groups_per_batch=2, sampling_steps_ahead=3, max_steps_off_policy=2)
     with pytest.raises(ConfigError, match="async_config"):
         drop_in.AsyncConfig(groups_per_batch=0, max_steps_off_policy=1)
+
+
+def test_termination_is_converted_and_none_resolves_per_model_as_0_6_1(tmp_path: Path) -> None:
+    explicit = TerminationRewardPolicy(zero_reward_on_limit=True, grader_timeout_seconds=3.0)
+    native = fields.native_config(cookbook_config(tmp_path, termination=explicit), resume=False)
+    assert native.termination == trio_rl.TerminationRewardPolicy(zero_reward_on_limit=True, grader_timeout_seconds=3.0)
+    assert fields.native_config(cookbook_config(tmp_path), resume=False).termination is None
+    # 0.6.1's Config.effective_termination(): the agentic preset for Inkling models.
+    inkling = cookbook_config(tmp_path, model_name="thinkingmachines/Inkling-1")
+    assert inkling.effective_termination() is not None
+    native = fields.native_config(inkling, resume=False)
+    assert native.termination == fields.termination_policy(inkling.effective_termination())
+    assert native.termination is not None and native.termination.zero_reward_on_limit

@@ -57,7 +57,11 @@ class AsyncConfig:
 
     Attributes:
         max_steps_off_policy: K, how many steps behind the trainer a group's
-            sampling weights may be when it is trained.
+            sampling weights may be when it is trained (None: take it from
+            ``sampling_steps_ahead``).
+        sampling_steps_ahead: K under the name tinker-cookbook's main branch gives it
+            after 0.6.1, the same knob: give either, or both with one value (different
+            values are a ``ConfigError``). Both read K once constructed.
         groups_per_batch: groups per training step.
         staleness: ``"oldest_first"`` (the default; tinker-cookbook 0.6.1's
             ``do_async_training``): ``groups_per_batch * (K + 1)`` rollout slots,
@@ -78,11 +82,32 @@ class AsyncConfig:
             ``Config.loss_fn`` other than its default and this value is refused.
     """
 
-    max_steps_off_policy: int
+    max_steps_off_policy: int | None
     groups_per_batch: int
     staleness: Staleness = "oldest_first"
     loss_fn: str = "stable_reinforce"
     inflight_weights: bool = False
+    sampling_steps_ahead: int | None = None
+
+    def __post_init__(self) -> None:
+        old, new = self.max_steps_off_policy, self.sampling_steps_ahead
+        if old is not None and new is not None and old != new:
+            raise ConfigError(
+                "async_config.sampling_steps_ahead",
+                f"{new} differs from max_steps_off_policy={old}; they are one knob (its old and new name), give one",
+            )
+        if old is None and new is None:
+            raise ConfigError(
+                "async_config.max_steps_off_policy", "give K, as max_steps_off_policy or sampling_steps_ahead"
+            )
+        object.__setattr__(self, "max_steps_off_policy", old if old is not None else new)
+        object.__setattr__(self, "sampling_steps_ahead", self.max_steps_off_policy)
+
+    @property
+    def steps_ahead(self) -> int:
+        """K, whichever name gave it."""
+        assert self.max_steps_off_policy is not None, "resolved in __post_init__"
+        return self.max_steps_off_policy
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -90,8 +115,8 @@ class AsyncConfig:
         Raises:
             ConfigError: naming the field at fault.
         """
-        if self.max_steps_off_policy < 0:
-            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
+        if self.steps_ahead < 0:
+            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.steps_ahead}")
         positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
         if self.staleness not in STALENESS_POLICIES:
             raise ConfigError(

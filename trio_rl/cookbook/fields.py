@@ -40,6 +40,9 @@ SAME_NAME = (
     "temperature",
     "remove_constant_reward_groups",
     "max_steps",
+    "compute_post_kl",
+    "num_epochs",
+    "rolling_save_every",
 )
 """Fields trio_rl's Config has under the same name and with the same meaning."""
 
@@ -74,7 +77,6 @@ class Accepted:
 
 
 ONLY_AT = {
-    "compute_post_kl": Accepted((False,), "trio_rl does not compute the post-update KL metrics yet"),
     "enable_trace": Accepted((False,), "trio_rl writes no trace yet (the trace of 'See inside a run' is not merged)"),
     "span_chart_every": Accepted((0,), "trio_rl draws no per-step Gantt chart yet"),
     "num_groups_to_log": Accepted(
@@ -85,9 +87,7 @@ ONLY_AT = {
     "ttl_seconds": Accepted(
         (604800, None), "trio_rl's checkpoints never expire; only the default and None (no expiry) are accepted"
     ),
-    "rolling_save_every": Accepted((0,), "trio_rl has no rolling checkpoints yet; use save_every"),
-    "rolling_ttl_seconds": Accepted((7200,), "trio_rl has no rolling checkpoints yet"),
-    "num_epochs": Accepted((1,), "trio_rl makes one pass over the dataset; repeat its batches in the dataset"),
+    "rolling_ttl_seconds": Accepted((7200,), "trio_rl's checkpoints never expire; only the default is accepted"),
 }
 """Fields accepted only at the values listed (the defaults are among them: see the field table for what differs)."""
 
@@ -112,12 +112,6 @@ def check_only_at(config: Any) -> None:
         value = getattr(config, name)
         if not any(value == v and type(value) is type(v) for v in accepted.values):
             raise ConfigError(name, f"{value!r} is not supported: {accepted.reason}")
-    if config.termination is None and default_rollout_config_for_model(config.model_name).termination is not None:
-        raise ConfigError(
-            "termination",
-            f"None means the agentic termination policy for {config.model_name!r} in tinker-cookbook 0.6.1, "
-            "which trio_rl does not apply yet",
-        )
 
 
 def native_config(config: Any, *, resume: bool) -> native.Config:
@@ -132,8 +126,6 @@ def native_config(config: Any, *, resume: bool) -> native.Config:
         ConfigError: for a field trio_rl refuses (see :func:`check_only_at`).
     """
     check_only_at(config)
-    if config.termination is not None:
-        raise ConfigError("termination", "trio_rl does not apply a TerminationRewardPolicy yet")
     fields: dict[str, Any] = {name: getattr(config, name) for name in SAME_NAME}
     fields.update({new: getattr(config, old) for old, new in RENAMED.items()})
     return native.Config(
@@ -146,7 +138,18 @@ def native_config(config: Any, *, resume: bool) -> native.Config:
         rollout_error_tolerance=_strategy(config.rollout_error_tolerance),
         async_config=_async(config.async_config),
         stream_minibatch_config=_stream(config.stream_minibatch_config),
+        termination=termination_policy(effective_termination(config)),
     )
+
+
+def effective_termination(config: Any) -> Any:
+    """0.6.1's ``Config.effective_termination()``: the explicit policy, else the model's default.
+
+    That default is the agentic grade-then-clamp policy for ``thinkingmachines/Inkling`` models, None otherwise.
+    """
+    if config.termination is not None:
+        return config.termination
+    return default_rollout_config_for_model(config.model_name).termination
 
 
 def has_checkpoints(log_path: str | Path) -> bool:

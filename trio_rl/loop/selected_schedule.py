@@ -25,10 +25,10 @@ def schedule_for(config: Config, dataset_batch_size: int) -> Schedule:
         ac = config.async_config
         if ac.staleness == "oldest_first":
             return OldestFirst(
-                ac.groups_per_batch, config.num_substeps, ac.max_steps_off_policy, config.remove_constant_reward_groups
+                ac.groups_per_batch, config.num_substeps, ac.steps_ahead, config.remove_constant_reward_groups
             )
         policy = Pace if ac.staleness == "pace" else Requeue
-        return policy(ac.groups_per_batch, config.num_substeps, ac.max_steps_off_policy)
+        return policy(ac.groups_per_batch, config.num_substeps, ac.steps_ahead)
     if config.stream_minibatch_config is not None:
         sc = config.stream_minibatch_config
         return Stream(sc.groups_per_batch, sc.num_minibatches, config.num_substeps)

@@ -11,7 +11,7 @@ from tinker import types as tinker_types
 
 from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
 from ..rl.data import without_mask
-from ..rl.kl import incorporate_kl_penalty
+from ..rl.kl import incorporate_kl_penalty, post_update_kl
 from ..types import Metrics
 from .schedules import Minibatch
 from .weights import LatestWeights
@@ -46,6 +46,8 @@ class TrainedStep:
             the learner's.
         kl_diff_sum, kl_tokens: with a KL penalty, the sum of ``sampled -
             reference`` logprobs over the trained action tokens, and their count.
+        post_kl: with ``compute_post_kl``, how far the step moved the policy on
+            its data (``kl_pre_post_v1``, ``kl_pre_post_v2``).
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
@@ -58,6 +60,7 @@ class TrainedStep:
     submitted: list[list[tinker_types.Datum]] = field(default_factory=list[list[tinker_types.Datum]])
     kl_diff_sum: float = 0.0
     kl_tokens: float = 0.0
+    post_kl: Metrics = field(default_factory=dict[str, Any])
     summary: Metrics = field(default_factory=dict[str, Any])
     train_seconds: float = 0.0
     # The runner's own bookkeeping while the step is in flight.
@@ -89,6 +92,7 @@ class StepRunner:
         kl_penalty_coef: float = 0.0,
         kl_discount_factor: float = 0.0,
         inflight: bool = False,
+        post_kl: bool = False,
     ) -> None:
         self._client = client
         self._inflight = inflight
@@ -100,6 +104,7 @@ class StepRunner:
         # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
         self._keep_one = keep_one_constant_group
         self._kl = (kl_penalty_coef, kl_discount_factor)
+        self._post_kl = post_kl
         self._current: TrainedStep | None = None
 
     def begin(self, step: int) -> None:
@@ -129,6 +134,9 @@ class StepRunner:
         done = await self._complete(current)
         if done.trained:
             sampler = await publish_weights(self._client, f"{done.step + 1:06d}", inflight=self._inflight)
+            if self._post_kl:
+                # As 0.6.1 does: the step's data scored by the new weights, before they are handed out.
+                done.post_kl = await post_update_kl(sampler, [d for data in done.submitted for d in data])
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)

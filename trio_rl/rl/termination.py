@@ -57,6 +57,8 @@ class TerminationRewardPolicy:
     pass_all_messages_to_grader: bool = False
 
     def __post_init__(self) -> None:
+        # A tuple of plain strings whatever it was given as (a list read back from config.json, StopReasons).
+        object.__setattr__(self, "limit_stop_reasons", tuple(str(r) for r in self.limit_stop_reasons))
         timeout = self.grader_timeout_seconds
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"grader_timeout_seconds must be a positive number of seconds or None, not {timeout}")

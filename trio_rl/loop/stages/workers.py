@@ -16,6 +16,7 @@ from ...rl.data import assemble_training_data
 from ...rl.kl import reference_logprob_diffs
 from ...rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ...rl.summary import GroupSummary
+from ...rl.termination import TerminationRewardPolicy
 from ...types import TrajectoryGroup
 from ..channels import closed_unless_crashed, send_downstream
 from ..schedules import Schedule
@@ -36,6 +37,8 @@ class RolloutSettings:
     """The most rollout workers at once (None: as many as items in flight)."""
     reference: SamplingClient | None = None
     """The KL penalty's reference model, when there is one."""
+    termination: TerminationRewardPolicy | None = None
+    """How a reward depends on the stop reason (``Config.termination``)."""
 
 
 class WorkerPool:
@@ -157,7 +160,7 @@ async def _roll_out(
 
         group: TrajectoryGroup | None = None
         with _given_up_when_stale(schedule, weights, version):
-            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
+            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy, settings.termination)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     return version, group
