@@ -104,7 +104,7 @@ def test_termination_survives_config_json(tmp_path: Path) -> None:
 
 def test_sampling_steps_ahead_is_max_steps_off_policy(tmp_path: Path) -> None:
     assert AsyncConfig(None, 4, sampling_steps_ahead=2).max_steps_off_policy == 2
-    assert AsyncConfig(2, 4).sampling_steps_ahead == 2
+    assert AsyncConfig(None, 4, sampling_steps_ahead=2) == AsyncConfig(2, 4)
     assert AsyncConfig(2, 4, sampling_steps_ahead=2) == AsyncConfig(2, 4)
     with pytest.raises(ConfigError, match=r"async_config\.sampling_steps_ahead: 3 differs from max_steps_off_policy=2"):
         AsyncConfig(2, 4, sampling_steps_ahead=3)

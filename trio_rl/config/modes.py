@@ -61,7 +61,8 @@ class AsyncConfig:
             ``sampling_steps_ahead``).
         sampling_steps_ahead: K under the name tinker-cookbook's main branch gives it
             after 0.6.1, the same knob: give either, or both with one value (different
-            values are a ``ConfigError``). Both read K once constructed.
+            values are a ``ConfigError``). Once constructed, K is ``max_steps_off_policy``
+            and this reads None.
         groups_per_batch: groups per training step.
         staleness: ``"oldest_first"`` (the default; tinker-cookbook 0.6.1's
             ``do_async_training``): ``groups_per_batch * (K + 1)`` rollout slots,
@@ -100,8 +101,9 @@ class AsyncConfig:
             raise ConfigError(
                 "async_config.max_steps_off_policy", "give K, as max_steps_off_policy or sampling_steps_ahead"
             )
+        # One canonical spelling, so that equal configurations compare (and write config.json) alike.
         object.__setattr__(self, "max_steps_off_policy", old if old is not None else new)
-        object.__setattr__(self, "sampling_steps_ahead", self.max_steps_off_policy)
+        object.__setattr__(self, "sampling_steps_ahead", None)
 
     @property
     def steps_ahead(self) -> int:
