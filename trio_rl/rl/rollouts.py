@@ -48,6 +48,7 @@ from ..types import (
     Env,
     EnvGroupBuilder,
     InitialObservationOverflow,
+    Metrics,
     Observation,
     RolloutError,
     StopCondition,
@@ -57,6 +58,7 @@ from ..types import (
     Transition,
     stop_reason_from_metrics,
 )
+from .termination import TerminationRewardPolicy, grade_group
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long ``EnvGroupBuilder.cleanup`` may take; it runs shielded, so it needs a bound."""
@@ -544,15 +546,21 @@ async def rollout_group(
     envs: Sequence[Env],
     policy_for: PolicyFactory,
     strategy: ErrorStrategy,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup:
-    """Roll out already-made ``envs`` with ``strategy`` and compute group rewards."""
+    """Roll out already-made ``envs`` with ``strategy`` and compute group rewards (under ``termination``)."""
     rollout = await strategy.run(builder, envs, policy_for)
-    rewards_and_metrics = await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs)
-    if len(rewards_and_metrics) != len(rollout.trajectories):
-        raise ValueError(
-            f"{type(builder).__name__}.compute_group_rewards returned {len(rewards_and_metrics)} "
-            f"rewards for {len(rollout.trajectories)} trajectories"
-        )
+
+    async def grade() -> list[tuple[float, Metrics]]:
+        graded = list(await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs))
+        if len(graded) != len(rollout.trajectories):
+            raise ValueError(
+                f"{type(builder).__name__}.compute_group_rewards returned {len(graded)} "
+                f"rewards for {len(rollout.trajectories)} trajectories"
+            )
+        return graded
+
+    rewards_and_metrics = await grade_group(termination, rollout.trajectories, grade)
     return TrajectoryGroup(
         trajectories_G=rollout.trajectories,
         final_rewards_G=[reward for reward, _ in rewards_and_metrics],
@@ -562,7 +570,10 @@ async def rollout_group(
 
 
 async def do_group_rollout(
-    builder: EnvGroupBuilder, policy_for: PolicyFactory, strategy: ErrorStrategy | None = None
+    builder: EnvGroupBuilder,
+    policy_for: PolicyFactory,
+    strategy: ErrorStrategy | None = None,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup:
     """Make a group's envs, roll them all out, compute group rewards, clean up.
 
@@ -570,6 +581,8 @@ async def do_group_rollout(
         builder: the env group.
         policy_for: ``(env_index, attempt) -> policy``.
         strategy: what failures do (default :class:`FailFast`).
+        termination: how rewards depend on the stop reason (None: untouched), as in
+            tinker-cookbook 0.6.1's ``do_group_rollout``.
 
     Returns:
         The group's trajectories, final rewards, metrics and recorded errors.
@@ -579,4 +592,4 @@ async def do_group_rollout(
         Exception: under ``FailFast``, the first rollout's exception (in an ExceptionGroup).
     """
     async with group_envs(builder) as envs:
-        return await rollout_group(builder, envs, policy_for, strategy or FailFast())
+        return await rollout_group(builder, envs, policy_for, strategy or FailFast(), termination)
