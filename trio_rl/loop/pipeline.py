@@ -570,14 +570,14 @@ class GroupIntake:
         if verdict is Verdict.SKIP:
             self.groups_skipped += 1
             self._ledger.retire([delivery.item.key])
-            self._gate.consume(1)
+            self._gate.free([delivery.item])
         elif verdict is Verdict.RESAMPLE:
             self._sent_back.append(delivery.item)
         elif verdict is Verdict.FILTER:
             assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"
             self._filtered.append(delivery)
             self._ledger.retire([delivery.item.key])
-            self._gate.consume(1)
+            self._gate.free([delivery.item])
 
     def _send_back(self) -> None:
         """Hand what is to be sampled again to the dataloader, in dataset order; once it is done, drop it."""
@@ -592,8 +592,9 @@ class GroupIntake:
                 self._ledger.retire([item.key])
             else:
                 self.requeued += 1
-        # A resampled item is handed out again ahead of fresh ones and needs no slot.
-        self._gate.consume(len(items))
+        # A resampled item is handed out again ahead of fresh ones and needs no
+        # slot: its first hand-out's slot is freed now, and its copies free none.
+        self._gate.free(items)
 
 
 class Trainer:
@@ -664,7 +665,7 @@ class Trainer:
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
-            self._run.gate.consume(len(done.taken))
+            self._run.gate.free(g.item for g in done.taken)
             every = self._settings.save_every
             if every and self.step % every == 0:
                 await self._save(final=False, reason="periodic")
