@@ -429,6 +429,7 @@ async def _run_with_retries(
     budget = max_retries
     failed_now: list[int] = []
     retries: dict[int, bool] = {}
+    group = trio.CancelScope()
 
     def answer_failures() -> None:
         # Every failure of one instant is answered together, in slot order, so
@@ -436,13 +437,20 @@ async def _run_with_retries(
         # task Trio happened to run first.
         nonlocal budget
         succeeded = sum(r is not None for r in results)
-        for index in sorted(failed_now):
+        answered = sorted(failed_now)
+        failed_now.clear()
+        for index in answered:
             retries[index] = budget > 0 and (floor is None or succeeded < floor)
             if retries[index]:
                 budget -= 1
-        failed_now.clear()
+        if floor is None and not all(retries[index] for index in answered):
+            # The group has failed: none of this instant's failures is retried,
+            # and the cancel lands here, in the first of them to wake, before
+            # any slot acts on its answer (rebuilds an env, samples again).
+            retries.update(dict.fromkeys(answered, False))
+            group.cancel()
 
-    async def slot(index: int, env: Env, group: trio.CancelScope) -> None:
+    async def slot(index: int, env: Env) -> None:
         for attempt in itertools.count():
             result = await _attempt(policy_for(index, attempt), env, index, attempt, timeout)
             if not isinstance(result, RolloutError):
@@ -454,15 +462,13 @@ async def _run_with_retries(
             if failed_now:
                 answer_failures()
             if not retries.pop(index):
-                if floor is None:
-                    group.cancel()  # the group has failed: its other rollouts are of no use
                 return
             env = await _fresh_env(builder, index)
 
-    with trio.CancelScope() as group:
+    with group:
         async with trio.open_nursery() as nursery:
             for index, env in enumerate(envs):
-                nursery.start_soon(slot, index, env, group)
+                nursery.start_soon(slot, index, env)
     kept = [r for r in results if r is not None]
     errors.sort(key=lambda e: (e.env_index, e.attempt))
     return GroupRollout(trajectories=[t for t, _ in kept], envs=[e for _, e in kept], errors=errors)
