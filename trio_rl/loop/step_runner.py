@@ -10,7 +10,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
-from ..rl.data import without_mask
+from ..rl.data import without_constant_rewards, without_mask
 from ..rl.kl import incorporate_kl_penalty
 from ..types import Metrics
 from .schedules import Minibatch
@@ -191,7 +191,9 @@ class StepRunner:
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
         if self._keep_one and not current.trained and current.taken:
-            await self._submit(current, current.taken[:1], optim=True, keep=True)
+            # Every group taken was filtered out: 0.6.1's sync loop then trains the first.
+            first = without_constant_rewards(current.taken, lambda group: group.summary.constant_reward)
+            await self._submit(current, first, optim=True, keep=True)
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]

@@ -582,7 +582,32 @@ async def do_group_rollout(
 
     Raises:
         GroupFailedError: when a retrying strategy runs out of retries.
-        Exception: under ``FailFast``, the first rollout's exception (in an ExceptionGroup).
+        Exception: a failure the strategy does not catch (under ``FailFast``,
+            the failing env's), itself, as tinker-cookbook 0.6.1 raises it,
+            when it is the only one; when several came at once (rollouts
+            failing at the same instant, or the group's cleanup failing after
+            it), an ``ExceptionGroup`` of them all, where 0.6.1 would raise the
+            first and lose the others.
     """
-    async with group_envs(builder) as envs:
-        return await rollout_group(builder, envs, policy_for, strategy or FailFast())
+    try:
+        async with group_envs(builder) as envs:
+            return await rollout_group(builder, envs, policy_for, strategy or FailFast())
+    except ExceptionGroup as failures:
+        lone = _lone_exception(failures)
+        if lone is None:
+            raise
+    # Raised outside the handler, so that the group is not chained to it as its context.
+    raise lone
+
+
+def _lone_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception in ``group`` and its nested groups, if there is exactly one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending and len(leaves) < 2:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 and not pending else None
