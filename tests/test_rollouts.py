@@ -12,7 +12,7 @@ from tinker import types as tinker_types
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
 from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
-from trio_rl.types import Env
+from trio_rl.types import Env, StepResult
 
 
 def policies(backend: FakeBackend, seed: int = 0) -> Callable[[int, int], TokenPolicy]:
@@ -75,11 +75,45 @@ async def test_fail_fast_cancels_siblings_and_raises_the_original_error(autojump
     log: list[str] = []
     spec = FakeEnvSpec(group_size=3, step_latency=10.0, fail_at={(0, 0): "step"}, error=KeyError)
     builder = FakeEnvGroupBuilder((0, 0), spec, log)
-    with trio.fail_after(100), pytest.RaisesGroup(KeyError, flatten_subgroups=True):
+    # The env's own exception, not a group around it, as tinker-cookbook 0.6.1's do_group_rollout raises it.
+    with trio.fail_after(100), pytest.raises(KeyError, match="failed in step"):
         await do_group_rollout(builder, policies(FakeBackend()), FailFast())
     # The failing env raised at once; the others were cancelled, not awaited.
     assert trio.current_time() < 10.0
     assert log[-1] == "cleanup (0, 0)"
+
+
+class EveryEnvCrashes(FakeEnvGroupBuilder):
+    """A fake group whose every env raises in ``step``, all at the same instant."""
+
+    async def make_envs(self) -> Sequence[FakeEnv]:
+        return [CrashingEnv(self.key, i, self.spec, 0, self.log) for i in range(self.spec.group_size)]
+
+
+class CrashingEnv(FakeEnv):
+    async def step(self, action: list[int], *, extra: object = None) -> StepResult:
+        # Shielded, so that the first crash's cancel cannot stop the other env from crashing too.
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1.0)
+        raise EnvCrash(f"env {self.index} crashed")
+
+
+async def test_fail_fast_raises_every_error_when_several_envs_fail_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    builder = EveryEnvCrashes((0, 0), FakeEnvSpec(group_size=2), log=[])
+    # Both rollouts fail at once: neither error is lost, so they come as one group.
+    with trio.fail_after(100), pytest.RaisesGroup(EnvCrash, EnvCrash, flatten_subgroups=True) as caught:
+        await do_group_rollout(builder, policies(FakeBackend()), FailFast())
+    leaves = caught.value.split(EnvCrash)[0]
+    assert leaves is not None
+    assert sorted(str(e) for e in _leaves(leaves)) == ["env 0 crashed", "env 1 crashed"]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
 async def test_retry_on_failure_retries_one_fresh_env_and_records_errors() -> None:

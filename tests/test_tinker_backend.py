@@ -410,3 +410,18 @@ async def test_a_sampling_client_for_the_base_model_is_the_kl_reference(service:
             loaded = await backend.create_sampling_client(base_model=BASE_MODEL, model_path=saved.model_path)
             assert loaded.model_path == saved.model_path and loaded.sdk_client.weights_step == 1
     assert service.loop_errors == []
+
+
+async def test_an_image_datum_reaches_the_service_whole(service: StandinServiceClient) -> None:
+    # tinker-cookbook 0.6.1 trains image observations on Tinker; TinkerBackend passes their chunks on.
+    from trio_rl import TokensWithLogprobs, Trajectory, Transition, trajectory_to_data
+
+    image = tinker_types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
+    ob = tinker_types.ModelInput(chunks=[tinker_types.EncodedTextChunk(tokens=[1, 2]), image])
+    trajectory = Trajectory([Transition(ob, TokensWithLogprobs([3, 4], [-0.5, -0.25]), 1.0, True)], ob)
+    data = trajectory_to_data(trajectory, 1.0)
+    with trio.fail_after(5):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await new_client(backend)
+            await (await client.forward_backward(data, "importance_sampling")).result()
+    assert service.trained_chunk_types == [[["encoded_text", "image", "encoded_text"]]]

@@ -21,6 +21,7 @@ from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
 from ..backends.protocol import SamplingClient
+from .chunks import with_token_appended
 from .data import MASK_KEY
 
 
@@ -52,7 +53,7 @@ async def reference_logprob_diffs(client: SamplingClient, data: Sequence[tinker_
     async def one(index: int, datum: tinker_types.Datum) -> None:
         targets = datum.loss_fn_inputs["target_tokens"].to_numpy()
         # The unshifted sequence: the input plus the last target.
-        sequence = compat.model_input_from_ints([*datum.model_input.to_ints(), int(targets[-1])])
+        sequence = with_token_appended(datum.model_input, int(targets[-1]))
         scored = (await client.compute_logprobs(sequence))[1:]
         mask = _mask(datum)
         if len(scored) != len(mask):

@@ -33,7 +33,9 @@ def _fake_group_key(datum: tinker_types.Datum) -> tuple[int, int]:
     Other envs' data may be shorter (a one-token prompt answered in one token
     gives a one-token model input): a part it lacks reads -1.
     """
-    tokens = datum.model_input.to_ints()[:2]
+    # Read from the text chunks: an image chunk (which the fake takes, as Tinker does) holds no ids.
+    chunks = datum.model_input.chunks
+    tokens = [t for c in chunks if isinstance(c, tinker_types.EncodedTextChunk) for t in c.tokens[:2]][:2]
     batch = tokens[0] - 1 if len(tokens) > 0 else -1
     group = tokens[1] - 2 if len(tokens) > 1 else -1
     return (batch, group)

@@ -100,7 +100,12 @@ class BatchingEngine(InflightBatch[W]):
         """
         self._runtime.require_entered()
         request = build_request(
-            prompt.to_ints(), num_samples, sampling_params, self._limits, self._encode_stop_string, self._runtime.rng
+            _tinker_compat.token_ids(prompt, "the sample prompt"),
+            num_samples,
+            sampling_params,
+            self._limits,
+            self._encode_stop_string,
+            self._runtime.rng,
         )
         if request.max_new == 0:
             return _tinker_compat.sample_response([_tinker_compat.sampled_sequence([], [], "length")] * num_samples)
@@ -129,7 +134,7 @@ class BatchingEngine(InflightBatch[W]):
             ValueError: for an empty or too-long prompt or bad token ids.
         """
         self._runtime.require_entered()
-        tokens, limits = prompt.to_ints(), self._limits
+        tokens, limits = _tinker_compat.token_ids(prompt, "the compute_logprobs prompt"), self._limits
         if len(tokens) > limits.max_seq_len:
             raise ValueError(f"prompt longer than max_seq_len {limits.max_seq_len}")
         if any(not 0 <= t < limits.vocab_size for t in tokens):

@@ -133,7 +133,7 @@ class Trainer:
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
-            self._run.gate.consume(len(done.taken))
+            self._run.gate.free(g.item for g in done.taken)
             if (reason := self._save_reason()) is not None:
                 await self._save(final=False, reason=reason)
             await self._evals.request_if_due(self.step)
