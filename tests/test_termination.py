@@ -32,29 +32,31 @@ def trajectory(step_rewards: list[float], stop_reason: str | None) -> Trajectory
     return Trajectory(transitions=transitions, final_ob=ob, stop_reason=stop_reason)
 
 
-GROUP = [
-    trajectory([0.5], StopReason.MAX_TOKENS),  # limit, positive total: clamped to 0
-    trajectory([0.0], StopReason.MAX_TURNS),  # limit, negative total: unchanged
-    trajectory([0.25], StopReason.COMPLETED),  # not a limit: unchanged
-    trajectory([0.0], None),  # no stop reason: unchanged
-]
+def make_group() -> list[Trajectory]:
+    # Made per test, not kept at module level: a test elsewhere counts the Trajectory objects alive.
+    return [
+        trajectory([0.5], StopReason.MAX_TOKENS),  # limit, positive total: clamped to 0
+        trajectory([0.0], StopReason.MAX_TURNS),  # limit, negative total: unchanged
+        trajectory([0.25], StopReason.COMPLETED),  # not a limit: unchanged
+        trajectory([0.0], None),  # no stop reason: unchanged
+    ]
 GRADED = [(1.0, {"correct": 1.0}), (-0.5, {}), (1.0, {}), (2.0, {})]
 
 
 def test_clamp_lowers_only_positive_limit_stopped_totals_to_zero() -> None:
-    clamped = TerminationRewardPolicy(zero_reward_on_limit=True).clamp(GROUP, GRADED)
+    clamped = TerminationRewardPolicy(zero_reward_on_limit=True).clamp(make_group(), GRADED)
     assert clamped == [(-0.5, {"correct": 1.0, CLAMPED_METRIC_KEY: 1.0}), (-0.5, {}), (1.0, {}), (2.0, {})]
     # The total (steps plus group reward) is exactly 0.
-    assert sum(t.reward for t in GROUP[0].transitions) + clamped[0][0] == 0.0
+    assert sum(t.reward for t in make_group()[0].transitions) + clamped[0][0] == 0.0
 
 
 def test_without_zero_reward_on_limit_nothing_changes() -> None:
-    assert TerminationRewardPolicy().clamp(GROUP, GRADED) == GRADED
+    assert TerminationRewardPolicy().clamp(make_group(), GRADED) == GRADED
 
 
 def test_limit_stop_reasons_choose_what_counts_as_a_limit() -> None:
     policy = TerminationRewardPolicy(zero_reward_on_limit=True, limit_stop_reasons=(StopReason.MAX_TURNS,))
-    assert policy.clamp(GROUP, GRADED) == GRADED  # the max_tokens member is no longer a limit
+    assert policy.clamp(make_group(), GRADED) == GRADED  # the max_tokens member is no longer a limit
 
 
 async def test_grading_is_skipped_only_when_every_member_timed_out() -> None:
@@ -79,14 +81,14 @@ async def test_a_slow_grader_raises_timeout_error(autojump_clock: trio.testing.M
         return [(1.0, {})]
 
     with trio.fail_after(60), pytest.raises(TimeoutError, match="longer than 5"):
-        await grade_group(TerminationRewardPolicy(grader_timeout_seconds=5), [GROUP[2]], slow)
+        await grade_group(TerminationRewardPolicy(grader_timeout_seconds=5), [make_group()[2]], slow)
 
 
 async def test_no_policy_grades_as_it_is() -> None:
     async def grade() -> list[tuple[float, dict[str, float]]]:
         return list(GRADED)
 
-    assert await grade_group(None, GROUP, grade) == GRADED
+    assert await grade_group(None, make_group(), grade) == GRADED
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
