@@ -46,54 +46,34 @@ ASYNC_FROM_RUN_FLAGS = frozenset({"groups_per_batch", "loss_fn"})
 """AsyncConfig's fields that other flags set: ``--groups-per-batch`` (every mode's) and ``--loss-fn`` (Config's)."""
 
 
+FLAG_STRUCTS: dict[type, frozenset[str]] = {Config: NOT_FLAGS, AsyncConfig: ASYNC_FROM_RUN_FLAGS}
+"""The dataclasses whose fields are flags, each with the fields that are not."""
+
+
 def config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
-    """tyro's rule for a :class:`Config`: its fields as flags without a prefix, defaults from the Config given.
+    """tyro's rule for a :class:`Config` or an :class:`AsyncConfig`: its fields as flags without a prefix.
 
     Args:
-        info: the type tyro is about to parse, and its default (a Config, for the defaults).
+        info: the type tyro is about to parse, and its default (of that type, for the defaults).
 
     Returns:
-        How tyro builds a Config from flags, or None for any other type.
+        How tyro builds it from flags, or None for a type not in :data:`FLAG_STRUCTS`.
     """
-    if info.type is not Config:
-        return None
-    default = info.default if isinstance(info.default, Config) else None
-    types = typing.get_type_hints(Config)
-    docs = field_docs(Config)
+    not_flags = FLAG_STRUCTS.get(info.type) if isinstance(info.type, type) else None
+    return None if not_flags is None else _fields_as_flags(info, info.type, not_flags)
+
+
+def _fields_as_flags(info: StructTypeInfo, cls: type, not_flags: frozenset[str]) -> StructConstructorSpec:
+    """How tyro builds the dataclass ``cls`` from flags: each field but ``not_flags`` a flag, defaults from ``info``'s."""
+    default: Any = info.default if isinstance(info.default, cls) else None
+    types = typing.get_type_hints(cls)
+    docs = field_docs(cls)
     fields = tuple(
-        _flag(f, default, types[f.name], docs.get(f.name))
-        for f in dataclasses.fields(Config)
-        if f.name not in NOT_FLAGS
+        _flag(f, default, types[f.name], docs.get(f.name)) for f in dataclasses.fields(cls) if f.name not in not_flags
     )
 
-    def instantiate(**values: Any) -> Config:
-        return dataclasses.replace(default, **values) if default is not None else Config(**values)
-
-    return StructConstructorSpec(instantiate=instantiate, fields=fields)
-
-
-def async_config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
-    """tyro's rule for an :class:`AsyncConfig`: its fields as flags without a prefix, as :func:`config_rule` does.
-
-    Args:
-        info: the type tyro is about to parse, and its default (an AsyncConfig, for the defaults).
-
-    Returns:
-        How tyro builds an AsyncConfig from flags, or None for any other type.
-    """
-    if info.type is not AsyncConfig:
-        return None
-    default = info.default if isinstance(info.default, AsyncConfig) else None
-    types = typing.get_type_hints(AsyncConfig)
-    docs = field_docs(AsyncConfig)
-    fields = tuple(
-        _flag(f, default, types[f.name], docs.get(f.name))
-        for f in dataclasses.fields(AsyncConfig)
-        if f.name not in ASYNC_FROM_RUN_FLAGS
-    )
-
-    def instantiate(**values: Any) -> AsyncConfig:
-        return dataclasses.replace(default, **values) if default is not None else AsyncConfig(**values)
+    def instantiate(**values: Any) -> Any:
+        return dataclasses.replace(default, **values) if default is not None else cls(**values)
 
     return StructConstructorSpec(instantiate=instantiate, fields=fields)
 
@@ -101,7 +81,6 @@ def async_config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
 CONFIG_FLAGS = ConstructorRegistry()
 """The registry to parse under (``with CONFIG_FLAGS: tyro.cli(...)``) so that a Config's fields are flags."""
 CONFIG_FLAGS.struct_rule(config_rule)
-CONFIG_FLAGS.struct_rule(async_config_rule)
 
 
 def _flag(f: dataclasses.Field[Any], defaults: object | None, annotation: Any, helptext: str | None) -> StructFieldSpec:
