@@ -27,7 +27,7 @@ async def test_post_update_kl_averages_over_action_tokens() -> None:
     a = datum([1, 2, 3], [-0.5, -1.0], [0.0, 0.5], [0.0, 1.0])
     b = datum([1, 4, 5, 6], [-9.0, -2.0, -1.0], [0.0, -0.5, -0.5], [0.0, 1.0, 1.0])
     client = ScoringClient({(1, 2, 3): [None, -0.1, -1.5], (1, 4, 5, 6): [None, -7.0, -2.25, -0.5]})
-    metrics = await post_update_kl(client, [a, b])  # type: ignore[arg-type]
+    metrics = await post_update_kl(client, [a, b])
     # Action-token diffs, sampled minus new: -1.0 - -1.5, -2.0 - -2.25, -1.0 - -0.5; prompt tokens do not count.
     diffs = [0.5, 0.25, -0.5]
     assert metrics["kl_pre_post_v1"] == pytest.approx(sum(diffs) / 3)
@@ -36,4 +36,4 @@ async def test_post_update_kl_averages_over_action_tokens() -> None:
 
 async def test_post_update_kl_of_data_without_actions_is_empty() -> None:
     a = datum([1, 2, 3], [-0.5, -1.0], [0.0, 0.0], [0.0, 0.0])
-    assert await post_update_kl(ScoringClient({(1, 2, 3): [None, -0.1, -1.5]}), [a]) == {}  # type: ignore[arg-type]
+    assert await post_update_kl(ScoringClient({(1, 2, 3): [None, -0.1, -1.5]}), [a]) == {}
