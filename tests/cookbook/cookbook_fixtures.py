@@ -137,7 +137,7 @@ class ScriptedBackend(FakeBackend):
     """A FakeBackend whose samples, for every other seed, are ``reply`` (random tokens otherwise)."""
 
     def __init__(self, reply: str) -> None:
-        super().__init__(seed=0, vocab_size=TOKENIZER.vocab_size, record_calls=False)
+        super().__init__(seed=0, record_calls=False, sampler=FakeSamplerModel(vocab_size=TOKENIZER.vocab_size))
         self.reply = reply
 
     async def create_training_client(

@@ -24,7 +24,7 @@ import pytest
 import tinker_cookbook
 
 from tests.integration.tiny_model import build_tiny_model
-from trio_rl.backends import HFBackend
+from trio_rl.backends import HFBackend, HFModelSettings
 from trio_rl.cookbook import train as drop_in
 
 IMPORTS = {
@@ -63,7 +63,9 @@ def load_recipe(relative: str, tmp_path: Path) -> types.ModuleType:
 
 
 def hf_backend(config: Any) -> HFBackend:
-    return HFBackend(log_dir=Path(config.log_path) / "backend", device="cpu", dtype="float32", num_threads=1)
+    return HFBackend(
+        log_dir=Path(config.log_path) / "backend", num_threads=1, model=HFModelSettings(device="cpu", dtype="float32")
+    )
 
 
 def run_main(coroutine: Any) -> Any:

@@ -28,7 +28,7 @@ from tinker_cookbook.tool_use import ToolResult, build_agent_tool_env, simple_to
 from tests.integration.tiny_model import build_tiny_model
 from trio_rl import _tinker_compat as compat
 from trio_rl.cookbook import train as drop_in
-from trio_rl.testing import FakeBackend, FakeSamplingClient, FakeTrainingClient
+from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient, FakeTrainingClient
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
 ANSWER = "The answer is 5.<|im_end|>"
@@ -68,7 +68,7 @@ class _ToolCallingTrainer(FakeTrainingClient):
 
 class ToolCallingBackend(FakeBackend):
     def __init__(self, tokenizer: Any) -> None:
-        super().__init__(seed=0, vocab_size=len(tokenizer), record_calls=True)
+        super().__init__(seed=0, record_calls=True, sampler=FakeSamplerModel(vocab_size=len(tokenizer)))
         self.tokenizer = tokenizer
 
     async def create_training_client(
