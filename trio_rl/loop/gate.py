@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import trio
+
+
+@dataclass(frozen=True)
+class ConsumptionGateStatistics:
+    """What :meth:`ConsumptionGate.statistics` returns.
+
+    Attributes:
+        consumed: groups the trainer has consumed so far.
+        tasks_waiting: tasks (the dataloader) waiting for the next consumption.
+    """
+
+    consumed: int
+    tasks_waiting: int
 
 
 class ConsumptionGate:
@@ -18,6 +33,10 @@ class ConsumptionGate:
     def __init__(self) -> None:
         self.consumed = 0
         self._changed = trio.Event()
+
+    def statistics(self) -> ConsumptionGateStatistics:
+        """How many groups were consumed, and who waits for more, as Trio's primitives report themselves."""
+        return ConsumptionGateStatistics(self.consumed, self._changed.statistics().tasks_waiting)
 
     def consume(self, n: int = 1) -> None:
         """Record ``n`` more consumed groups and wake the waiters."""

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import trio
 
 from ..backends.protocol import SamplingClient
+
+
+@dataclass(frozen=True)
+class LatestWeightsStatistics:
+    """What :meth:`LatestWeights.statistics` returns.
+
+    Attributes:
+        version: the newest published version (-1 before the first).
+        tasks_waiting: tasks waiting in :meth:`LatestWeights.wait_for` for a newer version.
+        expiring_scopes: rollouts' scopes waiting to be cancelled when their weights go stale.
+        giving_up: whether every such rollout is being given up (the end of a "requeue" run).
+    """
+
+    version: int
+    tasks_waiting: int
+    expiring_scopes: int
+    giving_up: bool
 
 
 class LatestWeights:
@@ -29,6 +47,15 @@ class LatestWeights:
     def version(self) -> int:
         """The newest published version (-1 before the first)."""
         return self._version
+
+    def statistics(self) -> LatestWeightsStatistics:
+        """The version, and who waits on it, as Trio's primitives report themselves."""
+        return LatestWeightsStatistics(
+            version=self._version,
+            tasks_waiting=self._published.statistics().tasks_waiting,
+            expiring_scopes=sum(len(scopes) for scopes in self._expiring.values()),
+            giving_up=self._giving_up,
+        )
 
     def publish(self, version: int, client: SamplingClient) -> None:
         """Make ``client`` the newest; ``version`` must exceed every earlier one."""
