@@ -4,7 +4,7 @@ See the guide page "Seeing inside a run" (``docs/guides/seeing-inside.md``).
 """
 
 from .observer import ObserveSettings, RunObserver, StepSeen
-from .spans import Activity, SpanRecord, Watch, activity, current_watch, on_track, span, watching
+from .spans import Activity, SpanRecord, Watch, activity, current_watch, on_free_lane, on_track, span, watching
 from .stall import StallSnapshot, StallWatch, format_stall_report
 from .task_tree import format_task_tree
 from .timeline import timeline_html, write_timeline
@@ -31,6 +31,7 @@ __all__ = [
     "format_stall_report",
     "format_task_tree",
     "iteration_dir",
+    "on_free_lane",
     "on_track",
     "read_trace",
     "span",

@@ -90,7 +90,7 @@ class RunObserver:
         self.watch.transcripts = settings.transcripts_every > 0
         self._writer = TranscriptWriter(settings.log_path, decode) if self.watch.transcripts else None
         self._parts = snapshot_parts
-        self.stall = None if settings.stall_warning_s is None else StallWatch(settings.stall_warning_s, self._snapshot)
+        self.stall = StallWatch(settings.stall_warning_s, self._snapshot)
 
     def _on_span(self, record: SpanRecord) -> None:
         if self._trace is not None:
@@ -112,8 +112,7 @@ class RunObserver:
 
     def step_recorded(self, seen: StepSeen) -> dict[str, float]:
         """Write what is due for this step; its ``time/*`` metrics (none unless spans are timed)."""
-        if self.stall is not None:
-            self.stall.progressed()
+        self.stall.progressed()
         s, step = self.settings, seen.step
         if self._writer is not None and step % s.transcripts_every == 0:
             groups = [(t, trained) for t, trained in seen.groups if t is not None][: s.transcript_groups]
@@ -131,10 +130,13 @@ class RunObserver:
         if self._writer is not None:
             self._writer.write(name, step, [(g, False) for g in groups[: self.settings.transcript_groups]])
 
+    def stall_report(self) -> str:
+        """The stall report as of now, whether or not the run is stalled (what ``SIGUSR1`` prints)."""
+        return self.stall.report_now()
+
     async def watch_for_stalls(self) -> None:
         """Run the stall watch until cancelled (returns at once when it is off)."""
-        if self.stall is not None:
-            await self.stall.run()
+        await self.stall.run()
 
     def close(self) -> None:
         """End the trace file; the run calls it on every way out."""

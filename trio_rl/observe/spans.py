@@ -81,6 +81,8 @@ class Watch:
         """Whether rollout workers capture their groups' transcripts."""
         self.activities: dict[int, Activity] = {}
         self._next = 0
+        self.lanes: dict[str, set[int]] = {}
+        """Per track, the lane numbers in use under it (:func:`on_free_lane`)."""
 
     @contextlib.contextmanager
     def activity(self, what: str, *, attempt: int = 0) -> Iterator[Activity]:
@@ -158,6 +160,44 @@ def on_track(track: str) -> Iterator[None]:
         yield
     finally:
         _track.reset(token)
+
+
+class _Lane:
+    __slots__ = ("_kind", "_lane", "_taken", "_token")
+
+    def __init__(self, lanes: dict[str, set[int]], kind: str) -> None:
+        self._taken, self._kind = lanes, kind
+
+    def __enter__(self) -> None:
+        parent = _track.get()
+        taken = self._taken.setdefault(parent, set())
+        lane = 0
+        while lane in taken:
+            lane += 1
+        taken.add(lane)
+        self._lane = (parent, lane)
+        self._token = _track.set(f"{parent} {self._kind} {lane}")
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _track.reset(self._token)
+        parent, lane = self._lane
+        self._taken[parent].discard(lane)
+
+
+def on_free_lane(kind: str) -> contextlib.AbstractContextManager[None]:
+    """Record this block's spans on the lowest-numbered lane under the current track that no other block holds.
+
+    Concurrent rollouts of a group each get a lane of their own (``worker 3
+    rollout 0``, ``worker 3 rollout 1``...), and a retry takes a lane freed by
+    the attempt before it, so spans on one lane never overlap. Nothing is done
+    unless spans are recorded.
+    """
+    watch = _watch.get()
+    if watch is None or watch.on_span is None:
+        return _NOTHING
+    return _Lane(watch.lanes, kind)
 
 
 def current_track() -> str:

@@ -84,18 +84,19 @@ class StallWatch:
     """Logs the stall report when no step has finished for ``interval`` seconds, then every ``interval``.
 
     Args:
-        interval: seconds without a finished step before the first warning, and between warnings.
+        interval: seconds without a finished step before the first warning, and between warnings
+            (None: no warnings; :meth:`report_now` still reports).
         snapshot: takes the report's snapshot (given when the last progress was).
         report: where each report's text goes (default: a warning on the ``trio_rl.observe`` logger).
     """
 
     def __init__(
         self,
-        interval: float,
+        interval: float | None,
         snapshot: Callable[[float], StallSnapshot],
         report: Callable[[str], None] | None = None,
     ) -> None:
-        if not interval > 0:
+        if interval is not None and not interval > 0:
             raise ValueError(f"stall_warning_s must be positive (or None to turn the report off), not {interval}")
         self._interval = interval
         self._snapshot = snapshot
@@ -113,13 +114,16 @@ class StallWatch:
         return format_stall_report(self._snapshot(self._last_progress))
 
     async def run(self) -> None:
-        """Watch until cancelled."""
+        """Watch until cancelled (return at once when there is no interval)."""
+        if self._interval is None:
+            return
+        interval = self._interval
         warned_at: float | None = None
         while True:
             quiet_since = self._last_progress
-            due = quiet_since + self._interval
+            due = quiet_since + interval
             if warned_at is not None and warned_at >= quiet_since:
-                due = warned_at + self._interval
+                due = warned_at + interval
             await trio.sleep_until(due)
             if self._last_progress != quiet_since:
                 warned_at = None
