@@ -94,6 +94,10 @@ class DataLedger:
         for key in keys:
             self._outstanding.pop(key, None)
 
+    def outstanding_as_read(self) -> list[ItemKey]:
+        """:attr:`outstanding` without reading the notes waiting: for a report from another task, which must change nothing."""
+        return sorted(self._outstanding)
+
     @property
     def outstanding(self) -> list[ItemKey]:
         """Items handed out (or owed from before a resume) and neither trained nor dropped."""

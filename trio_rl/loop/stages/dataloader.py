@@ -6,6 +6,7 @@ from contextlib import nullcontext
 
 import trio
 
+from ...observe.spans import activity, on_track, span
 from ..channels import closed_unless_crashed, ready
 from ..items import DatasetItems
 from ..work import Handout, ItemKey, WorkItem
@@ -45,6 +46,8 @@ async def dataloader(
         workers.closed_unless_crashed(),
         closed_unless_crashed(notes),
         resampled if resampled is not None else nullcontext(),
+        on_track("dataloader"),
+        activity("dataloader"),
     ):
         for entry in items:
             if isinstance(entry, ItemKey):
@@ -60,9 +63,11 @@ async def dataloader(
                     break
                 # No checkpoint since the checks: a resample or consumption from
                 # here on wakes this wait.
-                await gate.wait_for_change()
+                with span("wait_for_admission"):
+                    await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
-            await workers.hand_out(entry.item(admission))
+            with span("hand_out"):
+                await workers.hand_out(entry.item(admission))
         # Take what was resampled while data remained and close the back channel
         # in the same step (no checkpoint between), so nothing sent back is
         # ever left unread in its buffer.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import trio
 
 from ...backends.protocol import SamplingClient
+from ...observe.spans import activity, on_track, span
 from ..evaluation import OwedEvaluations, SamplingClientEvaluator, evaluate
 from ..metrics_log import MetricsLog
 
@@ -32,7 +33,9 @@ async def evaluator(
     owed: OwedEvaluations,
 ) -> None:
     """Evaluate each weights version the trainer sends, once, logging under its step."""
-    with requests:
+    with requests, on_track("evaluator"), activity("evaluator"):
         async for version, client in requests:
-            metrics.write(version, await evaluate(evaluation.evaluators, version, client, evaluation.timeout))
+            with span("run_evals", step=version):
+                results = await evaluate(evaluation.evaluators, version, client, evaluation.timeout)
+            metrics.write(version, results)
             owed.done(version)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import trio
 
 from ...base.determinism import TRAINER_FIRST, settle
+from ...observe.spans import span
 from ..schedules import Minibatch, Need, StepClock, Verdict
 from ..work import Delivery, FinishedGroup, WorkItem
 from .run import Run
@@ -105,7 +106,9 @@ class GroupIntake:
         # A scope only where there is a deadline: most waits have none.
         with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
             try:
-                self._sort(await self._groups.receive(), step)
+                with span("wait_for_groups"):
+                    delivery = await self._groups.receive()
+                self._sort(delivery, step)
             except trio.EndOfChannel:
                 self.ended = True
             return

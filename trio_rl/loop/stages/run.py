@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...observe.observer import RunObserver
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
@@ -22,6 +23,7 @@ class Run:
         ledger: the items handed out and not yet trained or dropped (the trainer's).
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
+        observer: what the run writes to be seen inside (transcripts, trace, timelines); None writes nothing.
     """
 
     start_step: int
@@ -30,3 +32,4 @@ class Run:
     ledger: DataLedger
     gate: ConsumptionGate
     metrics: MetricsLog
+    observer: RunObserver | None = None
