@@ -63,7 +63,7 @@ class FakeCall:
             ``save_state``, ``load_state`` or ``compute_logprobs``.
         time: ``trio.current_time()`` when it was received.
         version: the weights version it ran against.
-        detail: call-specific facts (datum count, seed, ...).
+        detail: call-specific facts (datum count, seed, ...; a ``forward_backward``'s Datums as ``datums``).
     """
 
     kind: str
@@ -465,7 +465,13 @@ class FakeTrainingClient:
             # A fake env's prompt starts with its group's identity (see FakeEnv).
             groups = sorted({_fake_group_key(d) for d in data})
             backend._record(
-                "forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups
+                "forward_backward",
+                self.version,
+                data=len(data),
+                tokens=tokens,
+                loss_fn=loss_fn,
+                groups=groups,
+                datums=list(data),
             )
         await trio.lowlevel.checkpoint()
         outputs = [{"logprobs": compat.tensor([-0.5] * compat.token_count(d.model_input), "float32")} for d in data]
