@@ -23,6 +23,15 @@ def _submitted(backend: FakeBackend) -> list[dict[str, Any]]:
     return [datum_json(d) for call in backend.calls_of("forward_backward") for d in call.detail["datums"]]
 
 
+def _rollouts(log_path: Path) -> list[dict[str, Any]]:
+    """Every rollout record of the run's transcripts, in step order."""
+    return [r for p in sorted(log_path.glob("iteration_*/train_rollouts.jsonl")) for r in read_jsonl(p)]
+
+
+def _names(log_path: Path, pattern: str) -> list[str]:
+    return sorted(p.name for p in log_path.glob(pattern))
+
+
 def _trained_in_transcripts(log_path: Path) -> list[dict[str, Any]]:
     data = []
     for path in sorted(log_path.glob("iteration_*/train_rollouts.jsonl")):
@@ -44,7 +53,7 @@ async def test_transcripts_hold_exactly_the_datums_the_backend_trained(
     assert result.final_step == 3
     key = lambda d: json.dumps(d, sort_keys=True)  # noqa: E731
     assert sorted(map(key, _trained_in_transcripts(tmp_path))) == sorted(map(key, _submitted(backend)))
-    steps = [r["step"] for p in sorted(tmp_path.glob("iteration_*/train_rollouts.jsonl")) for r in read_jsonl(p)]
+    steps = [r["step"] for r in _rollouts(tmp_path)]
     assert sorted(set(steps)) == [0, 1, 2]
     record = read_jsonl(tmp_path / "iteration_000000" / "train_rollouts.jsonl")[0]
     assert len(record["turns"]) == 2 and record["turns"][1]["observation"][:3] == record["turns"][0]["observation"]
@@ -56,7 +65,7 @@ async def test_transcripts_hold_exactly_the_datums_the_backend_trained(
 async def test_transcripts_every_n_steps_with_n_groups(tmp_path: Path, autojump_clock: object) -> None:
     config = make_config(tmp_path, "sync", transcripts_every=2, transcript_groups=3)
     await run_fake(config, FakeDataset(5, 4, FakeEnvSpec(group_size=2)))
-    assert sorted(p.name for p in tmp_path.glob("iteration_*")) == [
+    assert _names(tmp_path, "iteration_*") == [
         "iteration_000000",
         "iteration_000002",
         "iteration_000004",
@@ -148,9 +157,8 @@ async def test_a_cancelled_or_crashed_run_leaves_whole_trace_and_transcripts(
     events = read_trace(tmp_path / "trace_from_step_000000.json")
     spans = complete_spans(events)
     assert sum(len(t) for t in spans.values()) > 10
-    pages = sorted(tmp_path.glob("iteration_*/train_rollouts.jsonl"))
-    assert pages and all(read_jsonl(p) for p in pages)
-    assert not list(tmp_path.rglob("*.tmp"))
+    assert _names(tmp_path, "iteration_*/train_rollouts.jsonl") and _rollouts(tmp_path)
+    assert not _names(tmp_path, "**/*.tmp")
 
 
 async def test_a_resumed_run_adds_its_steps_transcripts_and_a_trace_of_its_own(
@@ -162,12 +170,12 @@ async def test_a_resumed_run_adds_its_steps_transcripts_and_a_trace_of_its_own(
     before = (tmp_path / "iteration_000001" / "train_rollouts.jsonl").read_text()
     again = make_config(tmp_path, "sync", transcripts_every=1, trace=True, save_every=1, resume=True)
     await run_fake(again, FakeDataset(4, 4, FakeEnvSpec(group_size=2)), backend)
-    steps = [r["step"] for p in sorted(tmp_path.glob("iteration_*/train_rollouts.jsonl")) for r in read_jsonl(p)]
+    steps = [r["step"] for r in _rollouts(tmp_path)]
     assert steps == [s for s in range(4) for _ in range(4 * 2)]
     assert (tmp_path / "iteration_000001" / "train_rollouts.jsonl").read_text() == before
-    assert sorted(p.name for p in tmp_path.glob("trace_*.json")) == [
+    assert _names(tmp_path, "trace_*.json") == [
         "trace_from_step_000000.json",
         "trace_from_step_000002.json",
     ]
-    for path in tmp_path.glob("trace_*.json"):
-        complete_spans(read_trace(path))
+    for name in _names(tmp_path, "trace_*.json"):
+        complete_spans(read_trace(tmp_path / name))
