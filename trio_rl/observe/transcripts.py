@@ -233,10 +233,16 @@ def _turn_html(index: int, turn: Turn, decode: Decode) -> str:
         f'<div><p class="meta">turn {index}: reward {turn.reward:.4g}, stop reason {e(turn.stop_reason)}, '
         f"{'episode done' if turn.episode_done else 'continues'}; weights of the action's tokens: "
         f"{e(_versions(turn.token_versions))}</p>"
-        f'<pre class="ob">{e(decode(turn.observation))}</pre><pre class="ac">{e(decode(turn.action))}</pre>'
+        f'<pre class="ob">{e(_visible(decode(turn.observation)))}</pre>'
+        f'<pre class="ac">{e(_visible(decode(turn.action)))}</pre>'
         + (f"<table>{logs}</table>" if logs else "")
         + "</div>"
     )
+
+
+def _visible(text: str) -> str:
+    """``text`` with control characters other than newlines and tabs written as ``\\xNN`` (a page would drop them)."""
+    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
 
 
 @dataclass(frozen=True)
