@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def test_multi_turn_transcripts_show_every_turn_with_the_envs_logs(guess_run: Pa
     for record in records:
         turns = record["turns"]
         assert [t["episode_done"] for t in turns] == [False] * (len(turns) - 1) + [True]
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             # Each turn's observation is the last one, its guess, and the env's answer.
             assert after["observation"][: len(before["observation"]) + len(before["action"])] == (
                 before["observation"] + before["action"]
