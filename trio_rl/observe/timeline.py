@@ -16,7 +16,11 @@ from pathlib import Path
 from .files import write_atomically
 from .spans import SpanRecord
 
-_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+
+def _colour(index: int) -> str:
+    # Hues a golden angle apart: any number of span names, each distinguishable from its neighbours.
+    return f"hsl({(index * 137.508) % 360:.1f}, 62%, {48 + 10 * (index % 2)}%)"
+
 
 _STYLE = """
 body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
@@ -25,7 +29,7 @@ h1 { font-size: 18px; margin: 0 0 4px; }
 .row { display: flex; align-items: center; height: 22px; border-bottom: 1px solid #eee; }
 .label { width: 200px; flex: none; overflow: hidden; white-space: nowrap; text-overflow: ellipsis; padding-right: 8px; }
 .lane { position: relative; flex: 1; height: 18px; background: #fafafa; }
-.bar { position: absolute; top: 2px; height: 14px; min-width: 1px; border-radius: 2px; opacity: .85; }
+.bar { position: absolute; min-width: 1px; border-radius: 2px; }
 .axis { display: flex; justify-content: space-between; margin-left: 200px; color: #555; }
 .legend span { display: inline-block; margin-right: 12px; }
 .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
@@ -40,14 +44,20 @@ def timeline_html(step: int, start: float, end: float, spans: Sequence[SpanRecor
     """
     width = max(end - start, 1e-9)
     names = sorted({s.name for s in spans})
-    colour = {name: _COLOURS[i % len(_COLOURS)] for i, name in enumerate(names)}
+    colour = {name: _colour(i) for i, name in enumerate(names)}
     tracks: dict[str, list[SpanRecord]] = {}
     for record in sorted(spans, key=lambda s: (s.start, -s.end)):
         tracks.setdefault(record.track, []).append(record)
     rows = []
     for track in sorted(tracks, key=_track_order):
         bars = []
+        open_ends: list[float] = []
         for s in tracks[track]:
+            # Spans on a track nest: an inner one is drawn lower and thinner, inside its parent.
+            while open_ends and open_ends[-1] <= s.start:
+                open_ends.pop()
+            depth = min(len(open_ends), 4)
+            open_ends.append(s.end)
             left = max(s.start, start) - start
             right = min(s.end, end) - start
             tip = f"{s.name}: {(s.end - s.start) * 1e3:.3f} ms"
@@ -55,7 +65,8 @@ def timeline_html(step: int, start: float, end: float, spans: Sequence[SpanRecor
                 tip += " " + json.dumps(s.args, default=str)
             bars.append(
                 f'<div class="bar" title="{html.escape(tip)}" style="left:{100 * left / width:.4f}%;'
-                f'width:{100 * max(right - left, 0) / width:.4f}%;background:{colour[s.name]}"></div>'
+                f"width:{100 * max(right - left, 0) / width:.4f}%;top:{1 + 3 * depth}px;height:{16 - 3 * depth}px;"
+                f'background:{colour[s.name]}"></div>'
             )
         rows.append(
             f'<div class="row"><div class="label" title="{html.escape(track)}">{html.escape(track)}</div>'
@@ -66,7 +77,7 @@ def timeline_html(step: int, start: float, end: float, spans: Sequence[SpanRecor
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Step {step} timeline</title>'
         f"<style>{_STYLE}</style></head><body><h1>Step {step} timeline</h1>"
         f'<div class="meta">{len(spans)} spans on {len(tracks)} tracks over {width:.3f} s '
-        f"(Trio's clock {start:.3f} to {end:.3f} s); hover a bar for its span.</div>"
+        "from the end of the step before; hover a bar for its span.</div>"
         f'<div class="legend">{legend}</div>'
         f'<div class="axis"><span>0 s</span><span>{width / 2:.3f} s</span><span>{width:.3f} s</span></div>'
         f"{''.join(rows)}</body></html>\n"
@@ -78,10 +89,10 @@ def write_timeline(path: Path, step: int, start: float, end: float, spans: Seque
     write_atomically(path, timeline_html(step, start, end, spans))
 
 
-def _track_order(track: str) -> tuple[int, str]:
-    # The trainer and the dataloader first, then the workers in number order.
+def _track_order(track: str) -> tuple[int, list[int], str]:
+    # The trainer and the dataloader first, then each worker followed by its rollout lanes, in number order.
     first = {"trainer": 0, "dataloader": 1, "evaluator": 2}
     if track in first:
-        return (first[track], track)
-    digits = "".join(c if c.isdigit() else " " for c in track).split()
-    return (3, " ".join(d.zfill(6) for d in digits) + track)
+        return (first[track], [], track)
+    numbers = [int(d) for d in "".join(c if c.isdigit() else " " for c in track).split()]
+    return (3, numbers, track)
