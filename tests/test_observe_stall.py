@@ -23,7 +23,7 @@ def test_the_report_names_each_group_with_age_attempt_and_wait() -> None:
     assert text.splitlines()[0].startswith("no training step has finished for 140.0 s (newest weights: version 4)")
     assert "  group 0/2: age 130.0 s, attempt 1, waiting on 2 x rollout, 1 x env_step, 1 x sample" in text
     assert "trainer: waiting on 1 x train_step, 1 x wait_for_groups" in text
-    assert "outstanding items: 0/1, 0/2" in text and "weights: W(version=4)" in text
+    assert "outstanding items, as the trainer last read the ledger: 0/1, 0/2" in text and "weights: W(version=4)" in text
     assert text.endswith("Trio task tree:\n  root: waiting")
 
 

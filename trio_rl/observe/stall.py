@@ -60,7 +60,7 @@ def format_stall_report(snapshot: StallSnapshot) -> str:
     stages = {a.what: a for a in snapshot.activities if a.what in STAGES}
     lines = [
         f"no training step has finished for {quiet:.1f} s (newest weights: version {snapshot.last_step}); "
-        f"{len(groups)} groups being rolled out, {len(snapshot.outstanding)} items outstanding"
+        f"{len(groups)} groups being rolled out"
     ]
     lines.append("groups being rolled out (oldest first):")
     lines.extend(
@@ -73,7 +73,7 @@ def format_stall_report(snapshot: StallSnapshot) -> str:
         if act is not None:
             lines.append(f"{stage}: waiting on {act.waits()}")
     shown = ", ".join(snapshot.outstanding[:20]) + (" ..." if len(snapshot.outstanding) > 20 else "")
-    lines.append(f"outstanding items: {shown or 'none'}")
+    lines.append(f"outstanding items, as the trainer last read the ledger: {shown or 'none'}")
     lines.extend(f"{name}: {stats}" for name, stats in snapshot.statistics.items())
     lines.append("Trio task tree:")
     lines.extend("  " + line for line in snapshot.task_tree.splitlines())
