@@ -13,7 +13,7 @@ import trio
 from tests.conftest import read_jsonl
 from tests.observe_helpers import complete_spans, thread_names
 from tests.pipeline_helpers import RUN_DEADLINE_S, make_config, run_fake
-from trio_rl import train
+from trio_rl import RLTestSetEvaluator, train
 from trio_rl.observe import datum_json, read_trace
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
@@ -179,3 +179,22 @@ async def test_a_resumed_run_adds_its_steps_transcripts_and_a_trace_of_its_own(
     ]
     for name in _names(tmp_path, "trace_*.json"):
         complete_spans(read_trace(tmp_path / name))
+
+
+async def test_evaluations_are_transcribed_under_the_step_they_evaluated(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    held_out = FakeDataset(1, 3, FakeEnvSpec(group_size=2))
+    config = make_config(tmp_path, "sync", transcripts_every=1, transcript_groups=2, eval_every=2)
+    await run_fake(config, FakeDataset(3, 4, FakeEnvSpec(group_size=2)), evaluators=(RLTestSetEvaluator(held_out, 4),))
+    # Evaluated: the weights of steps 0 and 2 (eval_every) and the final weights, step 3.
+    assert _names(tmp_path, "iteration_*/test_rollouts.jsonl") == ["test_rollouts.jsonl"] * 3
+    for step in (0, 2, 3):
+        records = read_jsonl(tmp_path / f"iteration_{step:06d}" / "test_rollouts.jsonl")
+        assert [(r["group"], r["trajectory"], r["sampled_version"]) for r in records] == [
+            (0, 0, step),
+            (0, 1, step),
+            (1, 0, step),
+            (1, 1, step),
+        ]
+        assert all(r["split"] == "test" and not r["trained"] and r["data"] == [] for r in records)

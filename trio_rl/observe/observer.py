@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from .evaluations import EvaluationTranscripts
 from .spans import SpanRecord, Watch
 from .stall import StallSnapshot, StallWatch
 from .task_tree import format_task_tree
@@ -125,10 +126,18 @@ class RunObserver:
             write_timeline(iteration_dir(s.log_path, step) / "timing_gantt.html", step, start, end, spans)
         return timing_metrics(spans)
 
-    def write_evaluation(self, name: str, step: int, groups: Sequence[GroupTranscript]) -> None:
-        """Write an evaluation's transcripts at ``step``, when the run writes transcripts."""
-        if self._writer is not None:
-            self._writer.write(name, step, [(g, False) for g in groups[: self.settings.transcript_groups]])
+    def evaluation_collector(self, version: int) -> EvaluationTranscripts | None:
+        """A collector for the evaluation of ``version``, when the run writes transcripts."""
+        if self._writer is None:
+            return None
+        return EvaluationTranscripts(version, self.settings.transcript_groups)
+
+    def write_evaluation(self, collected: EvaluationTranscripts | None) -> None:
+        """Write what an evaluation's evaluators collected, under the evaluated step."""
+        if self._writer is None or collected is None:
+            return
+        for name, groups in collected.by_name.items():
+            self._writer.write(name, collected.version, [(groups[i], False) for i in sorted(groups)])
 
     def stall_report(self) -> str:
         """The stall report as of now, whether or not the run is stalled (what ``SIGUSR1`` prints)."""
