@@ -169,6 +169,11 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--asyncio-bridge", "never"], "asyncio_bridge", "never"),
     (["--no-save-on-cancel"], "save_on_cancel", False),
     (["--cancel-save-timeout", "5"], "cancel_save_timeout", 5.0),
+    (["--transcripts-every", "10"], "transcripts_every", 10),
+    (["--transcript-groups", "2"], "transcript_groups", 2),
+    (["--trace"], "trace", True),
+    (["--timeline-every", "5"], "timeline_every", 5),
+    (["--stall-warning-s", "30"], "stall_warning_s", 30.0),
 ]  # fmt: skip
 
 
