@@ -16,9 +16,16 @@ def _snapshot(now: float, activities: list[Activity]) -> StallSnapshot:
     return StallSnapshot(now, 10.0, 4, activities, ["0/1", "0/2"], {"weights": "W(version=4)"}, "root: waiting")
 
 
+def _with_open(act: Activity, **spans: int) -> Activity:
+    for name, n in spans.items():
+        for _ in range(n):
+            act.count(name).__enter__()
+    return act
+
+
 def test_the_report_names_each_group_with_age_attempt_and_wait() -> None:
-    group = Activity("group 0/2", 20.0, attempt=1, waiting={"rollout": 2, "env_step": 1, "sample": 1})
-    trainer = Activity("trainer", 0.0, waiting={"train_step": 1, "wait_for_groups": 1})
+    group = _with_open(Activity("group 0/2", 20.0, attempt=1), rollout=2, env_step=1, sample=1)
+    trainer = _with_open(Activity("trainer", 0.0), train_step=1, wait_for_groups=1)
     text = format_stall_report(_snapshot(150.0, [trainer, group]))
     assert text.splitlines()[0].startswith("no training step has finished for 140.0 s (newest weights: version 4)")
     assert "  group 0/2: age 130.0 s, attempt 1, waiting on 2 x rollout, 1 x env_step, 1 x sample" in text

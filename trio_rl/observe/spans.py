@@ -46,6 +46,23 @@ class SpanRecord:
     args: dict[str, Any]
 
 
+class _Count:
+    """How many spans of one name are open on one activity; reused by every such span (nothing is allocated)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    def __enter__(self) -> None:
+        self.open += 1
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.open -= 1
+
+
 @dataclass
 class Activity:
     """Something a stall report names: a group being rolled out, the trainer, the dataloader.
@@ -54,17 +71,28 @@ class Activity:
         what: how the report names it (``group 3/1`` or ``trainer``).
         started: when it began (Trio's clock).
         attempt: the group's attempt (0 unless it was sampled again).
-        waiting: the spans open on it now, by name, and how many of each.
     """
 
     what: str
     started: float
     attempt: int = 0
-    waiting: dict[str, int] = field(default_factory=dict[str, int])
+    _counts: dict[str, _Count] = field(default_factory=dict[str, _Count], repr=False)
+
+    def count(self, name: str) -> _Count:
+        """The counter of ``name`` spans open on this activity, which a span enters and exits."""
+        counter = self._counts.get(name)
+        if counter is None:
+            counter = self._counts[name] = _Count()
+        return counter
+
+    @property
+    def waiting(self) -> dict[str, int]:
+        """The spans open on it now, by name, and how many of each."""
+        return {name: c.open for name, c in self._counts.items() if c.open > 0}
 
     def waits(self) -> str:
         """What it waits on, innermost names as counted (``2 x sample, 1 x env_step``), or ``nothing timed``."""
-        open_ = [f"{n} x {name}" for name, n in self.waiting.items() if n > 0]
+        open_ = [f"{n} x {name}" for name, n in self.waiting.items()]
         return ", ".join(open_) if open_ else "nothing timed (between spans)"
 
 
@@ -80,22 +108,32 @@ class Watch:
         self.transcripts = False
         """Whether rollout workers capture their groups' transcripts."""
         self.activities: dict[int, Activity] = {}
-        self._next = 0
         self.lanes: dict[str, set[int]] = {}
         """Per track, the lane numbers in use under it (:func:`on_free_lane`)."""
 
-    @contextlib.contextmanager
-    def activity(self, what: str, *, attempt: int = 0) -> Iterator[Activity]:
+    def activity(self, what: str, *, attempt: int = 0) -> contextlib.AbstractContextManager[Activity]:
         """Open an activity for the current task (and the tasks it starts from here on) until the block ends."""
-        act = Activity(what, trio.current_time(), attempt)
-        key, self._next = self._next, self._next + 1
-        self.activities[key] = act
-        token = _activity.set(act)
-        try:
-            yield act
-        finally:
-            _activity.reset(token)
-            del self.activities[key]
+        return _Opened(self.activities, Activity(what, trio.current_time(), attempt))
+
+
+class _Opened:
+    """An activity open on a watch for one block (a class: one is opened per group)."""
+
+    __slots__ = ("_act", "_open", "_token")
+
+    def __init__(self, open_: dict[int, Activity], act: Activity) -> None:
+        self._open, self._act = open_, act
+
+    def __enter__(self) -> Activity:
+        self._open[id(self._act)] = self._act
+        self._token = _activity.set(self._act)
+        return self._act
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _activity.reset(self._token)
+        del self._open[id(self._act)]
 
 
 _watch: ContextVar[Watch | None] = ContextVar("trio_rl_watch", default=None)
@@ -104,29 +142,26 @@ _track: ContextVar[str] = ContextVar("trio_rl_track", default="run")
 
 
 class _Span:
-    __slots__ = ("_act", "_args", "_name", "_on_span", "_start")
+    __slots__ = ("_args", "_count", "_name", "_on_span", "_start")
 
     def __init__(
-        self, name: str, act: Activity | None, on_span: Callable[[SpanRecord], None] | None, args: dict[str, Any]
+        self, name: str, count: _Count | None, on_span: Callable[[SpanRecord], None], args: dict[str, Any]
     ) -> None:
-        self._name, self._act, self._on_span, self._args = name, act, on_span, args
+        self._name, self._count, self._on_span, self._args = name, count, on_span, args
         self._start = 0.0
 
     def __enter__(self) -> None:
-        if self._act is not None:
-            waiting = self._act.waiting
-            waiting[self._name] = waiting.get(self._name, 0) + 1
-        if self._on_span is not None:
-            self._start = trio.current_time()
+        if self._count is not None:
+            self._count.open += 1
+        self._start = trio.current_time()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._act is not None:
-            self._act.waiting[self._name] -= 1
-        if self._on_span is not None:
-            # Closed on the way out of a crash or a cancellation too: a trace has no open span.
-            self._on_span(SpanRecord(self._name, _track.get(), self._start, trio.current_time(), self._args))
+        if self._count is not None:
+            self._count.open -= 1
+        # Closed on the way out of a crash or a cancellation too: a trace has no open span.
+        self._on_span(SpanRecord(self._name, _track.get(), self._start, trio.current_time(), self._args))
 
 
 _NOTHING = contextlib.nullcontext()
@@ -147,9 +182,10 @@ def span(name: str, **args: Any) -> contextlib.AbstractContextManager[None]:
     if watch is None:
         return _NOTHING
     act = _activity.get()
-    if act is None and watch.on_span is None:
-        return _NOTHING
-    return _Span(name, act, watch.on_span, args)
+    if watch.on_span is None:
+        # No trace: only the stall report's count, on a counter the activity reuses.
+        return _NOTHING if act is None else act.count(name)
+    return _Span(name, None if act is None else act.count(name), watch.on_span, args)
 
 
 @contextlib.contextmanager
