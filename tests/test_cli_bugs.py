@@ -94,12 +94,14 @@ STRUCTURED = {"async_config", "stream_minibatch_config", "rollout_error_toleranc
 
 
 def flag_names(args: type) -> list[str]:
-    """Every flag an example's Args should offer: its own fields, and each Config field but the structured ones."""
-    own = [f.name for f in dataclasses.fields(args) if f.name != "config"]
+    """Every flag an example's Args should offer: its own fields, each Config field but the structured ones,
+    and each AsyncConfig field but the two other flags set (--groups-per-batch, --loss-fn)."""
+    own = [f.name for f in dataclasses.fields(args) if f.name not in ("config", "async_flags")]
     of_config = [
         {"base_model": "model"}.get(f.name, f.name) for f in dataclasses.fields(Config) if f.name not in STRUCTURED
     ]
-    return ["--" + name.replace("_", "-") for name in own + of_config]
+    of_async = [f.name for f in dataclasses.fields(AsyncConfig) if f.name not in ("groups_per_batch", "loss_fn")]
+    return ["--" + name.replace("_", "-") for name in own + of_config + of_async]
 
 
 @pytest.mark.parametrize("example", ["guess_number", "arithmetic"])

@@ -88,7 +88,7 @@ def test_a_step_trains_the_groups_sampled_from_the_oldest_weights_then_the_first
     assert not schedule.resamples and not schedule.samples_exact_version and schedule.gives_up_at(0) is None
     arrivals = [_finished(0, 2, 1.0), _finished(1, 1, 3.0), _finished(2, 1, 2.0), _finished(3, 0, 4.0)]
     for group in arrivals:
-        assert schedule.sort(group, step=3) is Verdict.KEEP  # never discarded for staleness
+        assert schedule.classify(group, step=3) is Verdict.KEEP  # never discarded for staleness
     # Version 0, then the version-1 group that finished first.
     assert _orders(schedule, 3) == [3, 2]
 
@@ -96,18 +96,18 @@ def test_a_step_trains_the_groups_sampled_from_the_oldest_weights_then_the_first
 def test_groups_finished_at_the_same_instant_are_taken_by_identity() -> None:
     schedule = OldestFirst(groups_per_step=2)
     for order in (5, 1, 3):
-        schedule.sort(_finished(order, 0, finished_at=7.0), step=0)
+        schedule.classify(_finished(order, 0, finished_at=7.0), step=0)
     assert _orders(schedule, 0) == [1, 3]
 
 
 def test_a_step_waits_for_a_full_batch_then_takes_everything_finished_by_that_instant() -> None:
     schedule = OldestFirst(groups_per_step=2, staleness_limit=1)
     assert schedule.need(0, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(0, 0), step=0)
+    schedule.classify(_finished(0, 0), step=0)
     # A failed group does not count toward the batch.
-    assert schedule.sort(SkippedGroup(_item(1), RuntimeError("env")), step=0) is Verdict.SKIP
+    assert schedule.classify(SkippedGroup(_item(1), RuntimeError("env")), step=0) is Verdict.SKIP
     assert schedule.need(0, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(2, 0), step=0)
+    schedule.classify(_finished(2, 0), step=0)
     assert schedule.need(0, ended=False) is Need.THIS_INSTANT
     schedule.next_minibatch(0)
     assert schedule.need(0, ended=False) is Need.NOTHING
@@ -116,18 +116,18 @@ def test_a_step_waits_for_a_full_batch_then_takes_everything_finished_by_that_in
 def test_leftovers_carry_over_to_the_next_step() -> None:
     schedule = OldestFirst(groups_per_step=2, staleness_limit=1)
     for order, version in [(0, 0), (1, 0), (2, 0)]:
-        schedule.sort(_finished(order, version, finished_at=order), step=0)
+        schedule.classify(_finished(order, version, finished_at=order), step=0)
     assert _orders(schedule, 0) == [0, 1]
     # Group 2 waits in the pool: one more arrival makes a full batch for step 1.
     assert schedule.need(1, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(3, 1), step=1)
+    schedule.classify(_finished(3, 1), step=1)
     assert schedule.need(1, ended=False) is Need.THIS_INSTANT
     assert _orders(schedule, 1) == [2, 3]
 
 
 def test_at_the_end_of_data_the_groups_left_form_a_final_smaller_step() -> None:
     schedule = OldestFirst(groups_per_step=4)
-    schedule.sort(_finished(0, 0), step=0)
+    schedule.classify(_finished(0, 0), step=0)
     assert schedule.need(0, ended=True) is Need.THIS_INSTANT
     assert _orders(schedule, 0) == [0]
     assert schedule.next_minibatch(1) is None
@@ -135,8 +135,8 @@ def test_at_the_end_of_data_the_groups_left_form_a_final_smaller_step() -> None:
 
 def test_a_constant_reward_group_is_filtered_on_arrival_only_when_asked() -> None:
     constant = _finished(0, 0, rewards=(1.0, 1.0))
-    assert OldestFirst(2, filter_constant=True).sort(constant, step=0) is Verdict.FILTER
-    assert OldestFirst(2, filter_constant=False).sort(constant, step=0) is Verdict.KEEP
+    assert OldestFirst(2, filter_constant=True).classify(constant, step=0) is Verdict.FILTER
+    assert OldestFirst(2, filter_constant=False).classify(constant, step=0) is Verdict.KEEP
 
 
 def test_admission_holds_at_most_b_times_k_plus_one_groups_unconsumed() -> None:

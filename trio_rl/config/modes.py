@@ -55,34 +55,29 @@ class StreamMinibatchConfig:
 class AsyncConfig:
     """Off-policy training: rollouts keep sampling while the trainer trains.
 
-    Attributes:
-        max_steps_off_policy: K, how many steps behind the trainer a group's
-            sampling weights may be when it is trained.
-        groups_per_batch: groups per training step.
-        staleness: ``"oldest_first"`` (the default; tinker-cookbook 0.6.1's
-            ``do_async_training``): ``groups_per_batch * (K + 1)`` rollout slots,
-            each step trains the ``groups_per_batch`` completed groups sampled
-            from the oldest weights, leftovers carry over, a slow group is
-            trained when it finishes however stale (K bounds the slots, not the
-            staleness) and nothing is discarded; ``"pace"`` (the strict bound
-            of tinker-cookbook PR #822, unreleased) fixes each group's step
-            when it is handed out and never starts a group that could end up
-            more than K steps stale, so a step waits for its stragglers;
-            ``"requeue"`` (tinker-cookbook 0.5.5) resamples groups more than K
-            steps stale while the dataset still has data and drops them
-            (counted) afterwards.
-        loss_fn: the loss async runs train with, in place of ``Config.loss_fn``, as in
-            tinker-cookbook 0.6.1 (default ``"stable_reinforce"``, which needs the tinker
-            SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so
-            choose e.g. ``AsyncConfig(..., loss_fn="importance_sampling")`` there). A
-            ``Config.loss_fn`` other than its default and this value is refused.
+    A field's docstring is also the help of its flag on the command line
+    (:mod:`trio_rl.cli.config_flags`), where ``groups_per_batch`` is the run's
+    ``--groups-per-batch`` and ``loss_fn`` is ``--loss-fn``.
     """
 
     max_steps_off_policy: int
+    """async only: K, how many steps behind the trainer a group's sampling weights may be when it is trained"""
     groups_per_batch: int
+    """groups per training step"""
     staleness: Staleness = "oldest_first"
+    """async only: oldest_first (the default; tinker-cookbook 0.6.1's do_async_training: groups_per_batch * (K + 1)
+    rollout slots, each step trains the groups_per_batch completed groups sampled from the oldest weights, leftovers
+    carry over, a slow group is trained when it finishes however stale, nothing is discarded), pace (the strict bound
+    of tinker-cookbook PR #822, unreleased: each group's step is fixed when it is handed out, no group is more than K
+    steps stale, a step waits for its stragglers) or requeue (tinker-cookbook 0.5.5: groups more than K steps stale
+    are resampled while the dataset has data, and dropped, counted, afterwards)"""
     loss_fn: str = "stable_reinforce"
+    """the loss async runs train with, in place of Config.loss_fn, as in tinker-cookbook 0.6.1 (stable_reinforce needs
+    the tinker SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so choose e.g.
+    importance_sampling there); a Config.loss_fn other than its default and this value is refused"""
     inflight_weights: bool = False
+    """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs
+    staleness oldest_first and num_substeps 1)"""
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -94,9 +89,8 @@ class AsyncConfig:
             raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
         positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
         if self.staleness not in STALENESS_POLICIES:
-            raise ConfigError(
-                "async_config.staleness", f"use 'oldest_first', 'pace' or 'requeue', not {self.staleness!r}"
-            )
+            *others, last = map(repr, STALENESS_POLICIES)
+            raise ConfigError("async_config.staleness", f"use {', '.join(others)} or {last}, not {self.staleness!r}")
         divides("async_config.groups_per_batch", self.groups_per_batch, "num_substeps", num_substeps)
         if self.inflight_weights and self.staleness != "oldest_first":
             raise ConfigError(

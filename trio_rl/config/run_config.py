@@ -136,10 +136,6 @@ class Config:
         """
         return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
 
-    def inflight_weights(self) -> bool:
-        """Whether this run publishes its weights in flight (``async_config.inflight_weights``)."""
-        return self.async_config is not None and self.async_config.inflight_weights
-
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``).
 
@@ -277,12 +273,12 @@ def _check_numbers(config: Config) -> None:
     positive("learning_rate", config.learning_rate, "a positive float such as 1e-4")
     positive("max_tokens", config.max_tokens, "a positive token count")
     non_negative("temperature", config.temperature, "0 samples greedily")
-    in_range("top_p", config.top_p, 0.0, 1.0, "(0, 1]; 1 disables nucleus sampling", low_open=True)
+    in_range("top_p", config.top_p, (0.0, 1.0), "(0, 1]; 1 disables nucleus sampling", low_open=True)
     if not (config.top_k == -1 or config.top_k >= 1):
         raise ConfigError("top_k", f"must be -1 (disabled) or >= 1, got {config.top_k}")
     positive("lora_rank", config.lora_rank, "a positive rank such as 32")
-    in_range("adam_beta1", config.adam_beta1, 0.0, 1.0, "[0, 1), such as 0.9", high_open=True)
-    in_range("adam_beta2", config.adam_beta2, 0.0, 1.0, "[0, 1), such as 0.95", high_open=True)
+    in_range("adam_beta1", config.adam_beta1, (0.0, 1.0), "[0, 1), such as 0.9", high_open=True)
+    in_range("adam_beta2", config.adam_beta2, (0.0, 1.0), "[0, 1), such as 0.95", high_open=True)
     positive("adam_eps", config.adam_eps, "a small positive float such as 1e-8")
     non_negative("weight_decay", config.weight_decay, "0 disables it")
     non_negative("grad_clip_norm", config.grad_clip_norm, "0 disables clipping")

@@ -29,7 +29,9 @@ from .gate import ConsumptionGate
 from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
-from .pipeline import run_pipeline
+from .pipeline import StageSettings, run_pipeline
+from .publishing import publishing_for
+from .resampling import Resampling
 from .schedules import Schedule
 from .selected_schedule import schedule_for
 from .stages.evaluator import Evaluation
@@ -37,7 +39,7 @@ from .stages.run import Run
 from .stages.trainer import TrainerOutcome, TrainerSettings
 from .stages.workers import RolloutSettings
 from .step_metrics import RunCounts
-from .step_runner import StepRunner, publish_weights
+from .step_runner import StepRunner, StepSettings
 from .weights import LatestWeights
 
 
@@ -190,9 +192,7 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = await _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
-            first = await publish_weights(
-                begin.training_client, f"{begin.step:06d}", inflight=config.inflight_weights()
-            )
+            first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
             run.weights.publish(begin.step, first)
             observer = run.observer
             assert observer is not None, "train() always observes its run"
@@ -201,15 +201,18 @@ async def train(
                 stalls = trio.CancelScope()
                 nursery.start_soon(_watch_for_stalls, observer, stalls)
                 task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights, observer))
-                outcome = await run_pipeline(
-                    nursery,
-                    run,
+                stages = StageSettings(
                     items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
                     rollout=rollout,
                     trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
-                    runner=_step_runner(config, begin.training_client, run.weights),
-                    checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
                     evaluation=await _evaluation(config, backend, begin, evaluators),
+                )
+                outcome = await run_pipeline(
+                    nursery,
+                    run,
+                    stages,
+                    runner=_step_runner(config, begin.training_client, run),
+                    checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
                 )
                 stalls.cancel()
     finally:
@@ -228,7 +231,7 @@ def _checkpoint_keeper(config: Config, log: CheckpointLog, begin: run_folder.Sta
         begin.training_client,
         run.ledger,
         run.weights,
-        shielded=config.save_on_cancel,
+        save_on_cancel=config.save_on_cancel,
         cancel_save_timeout=config.cancel_save_timeout,
     )
 
@@ -244,7 +247,10 @@ async def _open_run(config: Config, begin: run_folder.Start, first_batch_size: i
     """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
     log_path = Path(config.log_path)
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
-    weights, ledger, gate = LatestWeights(), DataLedger(begin.cursor, begin.owed), ConsumptionGate()
+    schedule = schedule_for(config, first_batch_size)
+    ledger, gate = DataLedger(begin.cursor, begin.owed), ConsumptionGate()
+    resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
+    weights = LatestWeights(on_publish=None if resampling is None else resampling.published)
 
     def snapshot_parts() -> tuple[int, list[str], dict[str, Any]]:
         statistics = {"weights": weights.statistics(), "admission": gate.statistics(), "ledger": ledger.statistics()}
@@ -255,11 +261,13 @@ async def _open_run(config: Config, begin: run_folder.Start, first_batch_size: i
     observer = RunObserver(_observe_settings(config, begin.step), decode=decode, snapshot_parts=snapshot_parts)
     return Run(
         start_step=begin.step,
-        schedule=schedule_for(config, first_batch_size),
+        schedule=schedule,
         weights=weights,
         ledger=ledger,
         gate=gate,
         metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
+        publishing=publishing_for(config),
+        resampling=resampling,
         observer=observer,
     )
 
@@ -311,14 +319,11 @@ def _trainer_settings(
         groups_per_step=schedule.groups_per_step,
         max_steps=config.max_steps,
         save_every=config.save_every,
-        save_on_cancel=config.save_on_cancel,
-        cancel_save_timeout=config.cancel_save_timeout,
         planned_steps=planned if config.max_steps is None else min(planned, config.max_steps),
         start_counts=RunCounts()
         if resumed is None
         else RunCounts.from_checkpoint(resumed.counts, resumed.cumulative_tokens, resumed.discarded_tokens),
         learning_rate=config.learning_rate,
-        inflight_weights=config.inflight_weights(),
     )
 
 
@@ -351,19 +356,15 @@ async def _owed_evaluations(
     return tuple(clients)
 
 
-def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights) -> StepRunner:
-    return StepRunner(
-        client,
-        weights,
+def _step_runner(config: Config, client: TrainingClient, run: Run) -> StepRunner:
+    settings = StepSettings(
         loss_fn=config.training_loss_fn(),
         loss_fn_config=config.loss_fn_config,
         adam_params=config.adam_params(),
-        remove_constant_reward_groups=config.remove_constant_reward_groups,
-        keep_one_constant_group=config.mode == "sync",
-        inflight=config.inflight_weights(),
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
     )
+    return StepRunner(client, run.weights, run.publishing, settings)
 
 
 def _result(outcome: TrainerOutcome, metrics_log: MetricsLog, log_path: Path, first_step: int) -> TrainResult:

@@ -29,10 +29,14 @@ def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     return advantages
 
 
+def rewards_are_constant(rewards: Sequence[float]) -> bool:
+    """Whether every one of a group's total ``rewards`` is the same (no learning signal): the one test of it."""
+    return all(r == rewards[0] for r in rewards)
+
+
 def is_constant_reward(group: TrajectoryGroup) -> bool:
     """Whether every trajectory of ``group`` got the same total reward (no learning signal)."""
-    rewards = group.get_total_rewards()
-    return all(r == rewards[0] for r in rewards)
+    return rewards_are_constant(group.get_total_rewards())
 
 
 def remove_constant_reward_groups(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from .. import _tinker_compat as compat
 from ..types import RolloutError, Trajectory, TrajectoryGroup
-from .data import TokenVersions, trained_tokens_by_version
+from .data import TokenVersions, rewards_are_constant, trained_tokens_by_version
 
 
 def is_initial_overflow(trajectory: Trajectory) -> bool:
@@ -88,5 +88,4 @@ class GroupSummary(NamedTuple):
     @property
     def constant_reward(self) -> bool:
         """Whether every trajectory got the same total reward (no learning signal), as :func:`is_constant_reward`."""
-        rewards = self.total_rewards
-        return all(r == rewards[0] for r in rewards)
+        return rewards_are_constant(self.total_rewards)

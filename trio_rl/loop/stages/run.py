@@ -8,6 +8,8 @@ from ...observe.observer import RunObserver
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
+from ..publishing import WeightsPublishing
+from ..resampling import Resampling
 from ..schedules import Schedule
 from ..weights import LatestWeights
 
@@ -23,6 +25,8 @@ class Run:
         ledger: the items handed out and not yet trained or dropped (the trainer's).
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
+        publishing: how the weights reach the samplers (snapshots or in flight), chosen once.
+        resampling: what resampling does beyond deciding; only where the schedule resamples.
         observer: what the run writes to be seen inside (transcripts, trace, timelines); None writes nothing.
     """
 
@@ -32,4 +36,6 @@ class Run:
     ledger: DataLedger
     gate: ConsumptionGate
     metrics: MetricsLog
+    publishing: WeightsPublishing
+    resampling: Resampling | None = None
     observer: RunObserver | None = None
