@@ -8,7 +8,7 @@ import trio.testing
 from trio_rl.loop.gate import ConsumptionGate
 from trio_rl.loop.ledger import DataLedger
 from trio_rl.loop.weights import LatestWeights
-from trio_rl.loop.work import Handout, ItemKey
+from trio_rl.loop.work import Handout, ItemKey, WorkItem
 from trio_rl.observe import Activity, StallSnapshot, StallWatch, Watch, format_stall_report, format_task_tree, span
 
 
@@ -30,7 +30,9 @@ def test_the_report_names_each_group_with_age_attempt_and_wait() -> None:
     assert text.splitlines()[0].startswith("no training step has finished for 140.0 s (newest weights: version 4)")
     assert "  group 0/2: age 130.0 s, attempt 1, waiting on 2 x rollout, 1 x env_step, 1 x sample" in text
     assert "trainer: waiting on 1 x train_step, 1 x wait_for_groups" in text
-    assert "outstanding items, as the trainer last read the ledger: 0/1, 0/2" in text and "weights: W(version=4)" in text
+    assert (
+        "outstanding items, as the trainer last read the ledger: 0/1, 0/2" in text and "weights: W(version=4)" in text
+    )
     assert text.endswith("Trio task tree:\n  root: waiting")
 
 
@@ -99,7 +101,7 @@ async def test_the_loop_primitives_report_statistics() -> None:
         ledger.notes.send_nowait(Handout(ItemKey(0, 0), ItemKey(0, 1)))
         assert ledger.statistics().notes_unread == 1 and ledger.statistics().outstanding == 0
         assert len(ledger.outstanding) == 1 and ledger.statistics().notes_unread == 0
-        gate.consume(2)
+        gate.free([WorkItem(ItemKey(0, i), i, None, attempt=0, min_version=0) for i in range(2)])  # type: ignore[arg-type]
         weights.publish(1, object())  # type: ignore[arg-type]
         await trio.testing.wait_all_tasks_blocked()
         assert gate.statistics().consumed == 2 and gate.statistics().tasks_waiting == 0

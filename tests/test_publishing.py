@@ -30,7 +30,8 @@ async def test_snapshots_are_saved_without_an_inflight_argument_and_an_evaluatio
     recording, client = _client()
     latest = cast(SamplingClient, "latest")
     publishing = SnapshotWeights()
-    assert await publishing.publish(client, "000001") == "client 000001"
+    published: object = await publishing.publish(client, "000001")  # the recording client returns a name
+    assert published == "client 000001"
     assert await publishing.pinned(client, 1, latest) is latest
     assert recording.saves == [("000001", {})]
     assert not publishing.token_lags_are_bounds
@@ -40,7 +41,8 @@ async def test_in_flight_weights_are_saved_in_flight_and_an_evaluation_gets_a_sn
     recording, client = _client()
     publishing = InflightWeights()
     await publishing.publish(client, "000001")
-    assert await publishing.pinned(client, 3, cast(SamplingClient, "latest")) == "client 000003-eval"
+    pinned: object = await publishing.pinned(client, 3, cast(SamplingClient, "latest"))
+    assert pinned == "client 000003-eval"
     assert recording.saves == [("000001", {"inflight": True}), ("000003-eval", {})]
     assert publishing.token_lags_are_bounds
 

@@ -33,7 +33,9 @@ from tyro.constructors import (
 
 from ..config import LOSS_FNS, AsyncConfig, Config
 
-NOT_FLAGS = frozenset({"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config"})
+NOT_FLAGS = frozenset(
+    {"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config", "termination"}
+)
 """Config's structured fields: the run's flags build them (``--mode``, ``--error-strategy``, ``--kl-reference-model``)."""
 FLAG_NAMES = {"base_model": "model"}
 """Flags named otherwise than their field."""

@@ -19,6 +19,7 @@ from ..config import AsyncConfig, Config, StreamMinibatchConfig
 from ..errors import ConfigError
 from ..rl.kl import KLReferenceConfig
 from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from ..rl.termination import TerminationRewardPolicy
 from ..sinks import SinkName
 from .config_flags import CONFIG_FLAGS
 
@@ -68,6 +69,8 @@ class CommonArgs:
     """min-viable: the fewest successful rollouts that keep a group (None: ceil(0.75 * group size))"""
     kl_reference_model: str | None = None
     """with a KL penalty: the reference model (None: the --model being trained, as it started)"""
+    zero_reward_on_limit: bool = False
+    """clamp the reward of a trajectory that stopped on a limit to at most 0 (Config.termination, 0.6.1's policy)"""
     backend: Literal["local", "tinker"] = "local"
     """local (torch, in-process) or tinker (the Tinker service)"""
     base_url: str | None = None
@@ -149,6 +152,7 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     structured: dict[str, Any] = {
         "rollout_error_tolerance": _error_strategy(args),
         "kl_reference_config": KLReferenceConfig(reference) if config.kl_penalty_coef > 0 else None,
+        "termination": TerminationRewardPolicy(zero_reward_on_limit=True) if args.zero_reward_on_limit else None,
         "async_config": None,
         "stream_minibatch_config": None,
     }

@@ -60,8 +60,9 @@ class AsyncConfig:
     ``--groups-per-batch`` and ``loss_fn`` is ``--loss-fn``.
     """
 
-    max_steps_off_policy: int
-    """async only: K, how many steps behind the trainer a group's sampling weights may be when it is trained"""
+    max_steps_off_policy: int | None
+    """async only: K, how many steps behind the trainer a group's sampling weights may be when it is trained
+    (None: take it from sampling_steps_ahead)"""
     groups_per_batch: int
     """groups per training step"""
     staleness: Staleness = "oldest_first"
@@ -78,6 +79,30 @@ class AsyncConfig:
     inflight_weights: bool = False
     """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs
     staleness oldest_first and num_substeps 1)"""
+    sampling_steps_ahead: int | None = None
+    """async only: K under the name tinker-cookbook gives it after 0.6.1, the same knob as max_steps_off_policy
+    (give either, or both with one value); once constructed K is max_steps_off_policy and this reads None"""
+
+    def __post_init__(self) -> None:
+        old, new = self.max_steps_off_policy, self.sampling_steps_ahead
+        if old is not None and new is not None and old != new:
+            raise ConfigError(
+                "async_config.sampling_steps_ahead",
+                f"{new} differs from max_steps_off_policy={old}; they are one knob (its old and new name), give one",
+            )
+        if old is None and new is None:
+            raise ConfigError(
+                "async_config.max_steps_off_policy", "give K, as max_steps_off_policy or sampling_steps_ahead"
+            )
+        # One canonical spelling, so that equal configurations compare (and write config.json) alike.
+        object.__setattr__(self, "max_steps_off_policy", old if old is not None else new)
+        object.__setattr__(self, "sampling_steps_ahead", None)
+
+    @property
+    def steps_ahead(self) -> int:
+        """K, whichever name gave it."""
+        assert self.max_steps_off_policy is not None, "resolved in __post_init__"
+        return self.max_steps_off_policy
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -85,8 +110,8 @@ class AsyncConfig:
         Raises:
             ConfigError: naming the field at fault.
         """
-        if self.max_steps_off_policy < 0:
-            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
+        if self.steps_ahead < 0:
+            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.steps_ahead}")
         positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
         if self.staleness not in STALENESS_POLICIES:
             *others, last = map(repr, STALENESS_POLICIES)

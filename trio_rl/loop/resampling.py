@@ -102,8 +102,9 @@ class Resampling:
                 self._ledger.retire([item.key])
             else:
                 self.resampled += 1
-        # A resampled item is handed out again ahead of fresh ones and needs no slot.
-        self._gate.consume(len(items))
+        # A resampled item is handed out again ahead of fresh ones and needs no
+        # slot: its first hand-out's slot is freed now, and its copies free none.
+        self._gate.free(items)
 
     def patience(self, step: int) -> float:
         """Until when (Trio's clock) the trainer waits for a group of ``step`` before it gives up the rollouts running."""

@@ -38,6 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..base.splitting import split_evenly
+from ..rl.data import without_constant_rewards
 from .work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 
 
@@ -314,8 +315,11 @@ class Sync(_FixedSteps):
     """
 
     def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
-        filtered = super()._filtered(groups)
-        return filtered[1:] if groups and len(filtered) == len(groups) else filtered
+        if not self.filter_constant:
+            return ()
+        # remove_constant_reward_groups' own rule, written once (rl/data.py).
+        kept = {id(group) for group in without_constant_rewards(groups, lambda group: group.summary.constant_reward)}
+        return tuple(group for group in groups if id(group) not in kept)
 
     def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
         """One step per dataset batch."""

@@ -30,9 +30,7 @@ def schedule_for(config: Config, dataset_batch_size: int) -> Schedule:
             "requeue": Requeue,
         }
         policy = policies[ac.staleness]
-        return policy(
-            ac.groups_per_batch, config.num_substeps, ac.max_steps_off_policy, filter_constant=filter_constant
-        )
+        return policy(ac.groups_per_batch, config.num_substeps, ac.steps_ahead, filter_constant=filter_constant)
     if config.stream_minibatch_config is not None:
         sc = config.stream_minibatch_config
         return Stream(sc.groups_per_batch, sc.num_minibatches, config.num_substeps, filter_constant=filter_constant)

@@ -307,6 +307,7 @@ def trained_step_metrics(
         metrics["progress/done_frac"] = (done.step + 1) / planned_steps
     if done.kl_tokens:
         metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
+    metrics.update(done.post_kl)
     return metrics
 
 

@@ -12,7 +12,7 @@ from tinker import types as tinker_types
 from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
 from ..observe.spans import span
 from ..rl.data import without_mask
-from ..rl.kl import incorporate_kl_penalty
+from ..rl.kl import incorporate_kl_penalty, post_update_kl
 from ..types import Metrics
 from .publishing import WeightsPublishing
 from .schedules import Minibatch
@@ -28,6 +28,7 @@ class StepSettings:
         loss_fn, loss_fn_config: the loss of every ``forward_backward``, and its parameters.
         adam_params: the parameters of every ``optim_step``.
         kl_penalty_coef, kl_discount_factor: the KL penalty added to the advantages (0: none).
+        post_kl: after each step, score its data under the new weights (``Config.compute_post_kl``).
     """
 
     loss_fn: str
@@ -35,6 +36,7 @@ class StepSettings:
     adam_params: tinker_types.AdamParams
     kl_penalty_coef: float = 0.0
     kl_discount_factor: float = 0.0
+    post_kl: bool = False
 
 
 @dataclass
@@ -54,6 +56,8 @@ class TrainedStep:
             the learner's.
         kl_diff_sum, kl_tokens: with a KL penalty, the sum of ``sampled -
             reference`` logprobs over the trained action tokens, and their count.
+        post_kl: with ``compute_post_kl``, how far the step moved the policy on
+            its data (``kl_pre_post_v1``, ``kl_pre_post_v2``).
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
@@ -66,6 +70,7 @@ class TrainedStep:
     submitted: list[list[tinker_types.Datum]] = field(default_factory=list[list[tinker_types.Datum]])
     kl_diff_sum: float = 0.0
     kl_tokens: float = 0.0
+    post_kl: Metrics = field(default_factory=dict[str, Any])
     summary: Metrics = field(default_factory=dict[str, Any])
     train_seconds: float = 0.0
     # The runner's own bookkeeping while the step is in flight.
@@ -94,6 +99,7 @@ class StepRunner:
         self._loss_fn_config = settings.loss_fn_config
         self._adam_params = settings.adam_params
         self._kl = (settings.kl_penalty_coef, settings.kl_discount_factor)
+        self._post_kl = settings.post_kl
         self._current: TrainedStep | None = None
 
     def begin(self, step: int) -> None:
@@ -124,6 +130,9 @@ class StepRunner:
         if done.trained:
             with span("save_weights_for_sampler", version=done.step + 1):
                 sampler = await self._publishing.publish(self._client, f"{done.step + 1:06d}")
+            if self._post_kl:
+                # As 0.6.1 does: the step's data scored by the new weights, before they are handed out.
+                done.post_kl = await post_update_kl(sampler, [d for data in done.submitted for d in data])
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)

@@ -20,6 +20,7 @@ from ..errors import one_per_fault
 from ..observe.observer import ObserveSettings, RunObserver
 from ..observe.spans import watching
 from ..observe.transcripts import token_ids
+from ..rl.epochs import with_epochs
 from ..rl.rollouts import ParamsPerCall
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
@@ -140,13 +141,19 @@ async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
         yield nursery
 
 
-def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
-    """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
+def _check_before_work(
+    config: Config, dataset: RLDataset, backend: Backend
+) -> tuple[RLDataset, Sequence[EnvGroupBuilder]]:
+    """Validate ``config`` against the backend and the dataset's first batch (built once).
+
+    Returns:
+        The dataset over ``num_epochs`` passes, and its first batch.
+    """
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     check_loss_on_backend(config, backend)
     check_inflight_on_backend(config, backend)
-    return first_batch
+    return with_epochs(dataset, config.num_epochs), first_batch
 
 
 async def train(
@@ -182,7 +189,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    first_batch = _check_before_work(config, dataset, backend)
+    dataset, first_batch = _check_before_work(config, dataset, backend)
     run_folder.claim(config, dataset_length=len(dataset))
     checkpoint_log = CheckpointLog(Path(config.log_path))
     run: Run | None = None
@@ -308,6 +315,7 @@ async def _rollout_settings(config: Config, backend: Backend) -> RolloutSettings
         loss_fn=config.training_loss_fn(),
         max_workers=config.num_workers,
         reference=reference,
+        termination=config.termination,
     )
 
 
@@ -324,6 +332,7 @@ def _trainer_settings(
         if resumed is None
         else RunCounts.from_checkpoint(resumed.counts, resumed.cumulative_tokens, resumed.discarded_tokens),
         learning_rate=config.learning_rate,
+        rolling_save_every=config.rolling_save_every,
     )
 
 
@@ -363,6 +372,7 @@ def _step_runner(config: Config, client: TrainingClient, run: Run) -> StepRunner
         adam_params=config.adam_params(),
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
+        post_kl=config.compute_post_kl,
     )
     return StepRunner(client, run.weights, run.publishing, settings)
 

@@ -23,7 +23,7 @@ class GroupSummary(NamedTuple):
 
     A finished group waits for its step holding this instead of its trajectories:
     a few numbers and tuples, which the garbage collector stops tracking, where
-    the trajectories are some eighty tracked objects (observations, actions,
+    the trajectories are dozens of tracked objects (observations, actions,
     transitions). Counts are kept as totals; rewards and metric values keep the
     order the trajectories had, so the metrics made from summaries are the same
     floats as those made from the groups. (A named tuple, because it is quick

@@ -128,7 +128,7 @@ class GroupIntake:
         if verdict is Verdict.SKIP:
             self.groups_skipped += 1
             self._ledger.retire([delivery.item.key])
-            self._gate.consume(1)
+            self._gate.free([delivery.item])
         elif verdict is Verdict.RESAMPLE:
             assert self._resampling is not None, "a schedule that resamples has a Resampling (Schedule.resamples)"
             self._resampling.add(delivery.item)
@@ -136,4 +136,4 @@ class GroupIntake:
             assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"
             self._filtered.append(delivery)
             self._ledger.retire([delivery.item.key])
-            self._gate.consume(1)
+            self._gate.free([delivery.item])

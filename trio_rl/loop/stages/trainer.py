@@ -43,6 +43,8 @@ class TrainerSettings:
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_counts: RunCounts = field(default_factory=RunCounts)
     """Group and token counts before this run (from the checkpoint resumed), which this run continues."""
+    rolling_save_every: int = 0
+    """Also save every N steps that ``save_every`` does not, recorded as ``"rolling"`` (0: never)."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +139,20 @@ class Trainer:
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
-            self._run.gate.consume(len(done.taken))
-            every = self._settings.save_every
-            if every and self.step % every == 0:
-                await self._save(final=False, reason="periodic")
+            self._run.gate.free(g.item for g in done.taken)
+            if (reason := self._save_reason()) is not None:
+                await self._save(final=False, reason=reason)
             await self._evals.request_if_due(self.step)
         return True
+
+    def _save_reason(self) -> str | None:
+        """Why the state after this step is saved: ``"periodic"``, ``"rolling"`` (0.6.1's cadence), or not at all."""
+        every, rolling = self._settings.save_every, self._settings.rolling_save_every
+        if every and self.step % every == 0:
+            return "periodic"
+        if rolling and self.step % rolling == 0:
+            return "rolling"
+        return None
 
     async def _train_step(self) -> TrainedStep | None:
         """Submit each minibatch the schedule decides as soon as it does, then publish the step's weights."""

@@ -19,6 +19,7 @@ from ...rl.data import assemble_training_data, compute_advantages, trajectory_to
 from ...rl.kl import reference_logprob_diffs
 from ...rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ...rl.summary import GroupSummary
+from ...rl.termination import TerminationRewardPolicy
 from ...types import TrajectoryGroup
 from ..channels import closed_unless_crashed, send_downstream
 from ..resampling import given_up_when_stale
@@ -38,6 +39,8 @@ class RolloutSettings:
     """The most rollout workers at once (None: as many as items in flight)."""
     reference: SamplingClient | None = None
     """The KL penalty's reference model, when there is one."""
+    termination: TerminationRewardPolicy | None = None
+    """How a reward depends on the stop reason (``Config.termination``)."""
 
 
 class WorkerPool:
@@ -181,7 +184,7 @@ async def _roll_out(
 
         group: TrajectoryGroup | None = None
         with given_up_when_stale(run.resampling, weights.version, version):
-            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
+            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy, settings.termination)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     return version, group
