@@ -1,6 +1,6 @@
 """CPU work per group in instructions, which load on the machine does not change.
 
-Run: ``.venv/bin/python bench/instructions_per_group.py [--mode sync|requeue|pace|oldest_first]``
+Run: ``.venv/bin/python bench/instructions_per_group.py [--mode sync|requeue|pace|oldest_first] [--trace]``
 (needs valgrind; ``apt-get install valgrind``).
 
 Runs bench/pipeline.py's zero-latency cell twice under ``valgrind --tool=callgrind``,
@@ -49,12 +49,13 @@ from trio_rl.loop.gc_policy import tune_gc_for_training
 tune_gc_for_training()
 cell = bench.Cell("a", {steps}, 0.0, 0.0)
 with tempfile.TemporaryDirectory() as tmp:
-    trio.run(bench.run_cell, cell, bench.MODES[{mode!r}], Path(tmp))
+    trio.run(bench.run_cell, cell, {{**bench.MODES[{mode!r}], **{extra!r}}}, Path(tmp))
 """
 
 
-def instructions(steps: int, mode: str) -> int:
-    code = RUN_CELL.format(bench_dir=str(Path(__file__).resolve().parent), steps=steps, mode=mode)
+def instructions(steps: int, mode: str, extra: dict[str, object] | None = None) -> int:
+    """Instructions of one run of the cell, with ``extra`` Config fields (such as ``trace``) set."""
+    code = RUN_CELL.format(bench_dir=str(Path(__file__).resolve().parent), steps=steps, mode=mode, extra=extra or {})
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code],
         capture_output=True,
@@ -72,11 +73,14 @@ def main() -> None:
     parser.add_argument("--mode", choices=["sync", "requeue", "pace", "oldest_first"], default="requeue")
     parser.add_argument("--small", type=int, default=10)
     parser.add_argument("--large", type=int, default=40)
+    parser.add_argument("--trace", action="store_true", help="with Config.trace on (the trace file and time/* metrics)")
     args = parser.parse_args()
     mode = "sync" if args.mode == "sync" else f"async K=1 {args.mode}"
-    small, large = instructions(args.small, mode), instructions(args.large, mode)
+    extra = {"trace": True} if args.trace else {}
+    small, large = instructions(args.small, mode, extra), instructions(args.large, mode, extra)
     groups = (args.large - args.small) * bench.GROUPS_PER_STEP
-    print(f"{args.mode}: {(large - small) / groups / 1e6:.3f} M instructions per group ({groups} groups)")
+    label = f"{args.mode}{', trace on' if args.trace else ''}"
+    print(f"{label}: {(large - small) / groups / 1e6:.3f} M instructions per group ({groups} groups)")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,10 @@ class GuessEnv(Env):
         reward = 0.0 if guess is None else self.format_reward
         if guess == self.secret:
             reward += 1.0
-        elif guess is not None and not done:
-            self.tokens += self.dialogue.reply("higher" if self.secret > guess else "lower")
+        answer = "found it" if guess == self.secret else "malformed" if guess is None else "out of turns"
+        if guess is not None and guess != self.secret and not done:
+            answer = "higher" if self.secret > guess else "lower"
+            self.tokens += self.dialogue.reply(answer)
         metrics = {"found": float(guess == self.secret), "malformed": float(guess is None)} if done else {}
         if done:
             metrics["turns"] = float(self.turn)
@@ -152,6 +154,8 @@ class GuessEnv(Env):
             next_observation=tinker_types.ModelInput.from_ints(self.tokens),
             next_stop_condition=self.stop,
             metrics=metrics,
+            # Shown beside the turn in a transcript (--transcripts-every).
+            logs={"guess": "none" if guess is None else guess, "secret": self.secret, "answer": answer},
         )
 
 

@@ -177,6 +177,11 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--compute-post-kl"], "compute_post_kl", True),
     (["--rolling-save-every", "2"], "rolling_save_every", 2),
     (["--zero-reward-on-limit"], "termination", TerminationRewardPolicy(zero_reward_on_limit=True)),
+    (["--transcripts-every", "10"], "transcripts_every", 10),
+    (["--transcript-groups", "2"], "transcript_groups", 2),
+    (["--trace"], "trace", True),
+    (["--timeline-every", "5"], "timeline_every", 5),
+    (["--stall-warning-s", "30"], "stall_warning_s", 30.0),
 ]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from .signals import (
     EXIT_CONFIG_ERROR,
     hand_signals_to_trio,
     ignore_stop_signals_until_reported,
+    print_reports_on_signal,
     restore_stop_signals,
     watch_for_stop_signals,
 )
@@ -73,6 +74,8 @@ async def _run(config: Config, run: _Run, watchers: _Watchers, ending: RunEnding
                 async with trio.open_nursery() as run_nursery:
                     started: RunHandle = await run_nursery.start(train_into_ending)
                     handle = started
+                    # In the outer nursery: it listens until the run is over, then is cancelled with it.
+                    await outer.start(print_reports_on_signal, started.stall_report, out)
                     async for record in started.metrics:
                         watchers.show(record)
         outer.cancel_scope.cancel()

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -93,6 +93,33 @@ async def watch_for_stop_signals(
                 out.write("quitting without saving; --resume continues from the last recorded checkpoint\n")
                 out.flush()
                 os._exit(stop.exit_code)
+            out.flush()
+
+
+REPORT_SIGNAL = getattr(signal, "SIGUSR1", None)
+"""The signal that prints the stall report (``kill -USR1 <pid>``); None where the platform has none."""
+
+
+async def print_reports_on_signal(
+    report: Callable[[], str], out: IO[str], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Each ``SIGUSR1`` writes ``report()`` (the run's stall report) to ``out``; the run goes on.
+
+    So a run that seems stuck can be asked what it waits on without being killed.
+    Returns at once where there is no ``SIGUSR1`` (Windows).
+
+    Args:
+        report: makes the report's text.
+        out: where it goes (the terminal's stderr).
+        task_status: started once the receiver listens.
+    """
+    if REPORT_SIGNAL is None:
+        task_status.started()
+        return
+    with trio.open_signal_receiver(REPORT_SIGNAL) as signals:
+        task_status.started()
+        async for _ in signals:
+            out.write("\n" + report() + "\n")
             out.flush()
 
 

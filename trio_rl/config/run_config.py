@@ -118,6 +118,19 @@ class Config:
     asyncio_bridge: BridgeMode = "auto"
     """how coroutines of envs, builders and evaluators run (:mod:`trio_rl.asyncio_bridge`): auto decides per
     call, always runs each on an asyncio loop inside the run (tinker-cookbook code), never runs them on Trio"""
+    transcripts_every: int = 0
+    """every N steps, write transcripts of transcript_groups of the step's groups into iteration_NNNNNN/ (an HTML
+    page and a rollouts JSONL: every turn, rewards, advantages, env logs, the Datums trained); 0 writes none"""
+    transcript_groups: int = 4
+    """groups per transcript (tinker-cookbook's num_groups_to_log); 0 writes none"""
+    trace: bool = False
+    """write a Chrome/Perfetto trace-event JSON of the run (trace_from_step_NNNNNN.json; open it at
+    ui.perfetto.dev) and per-scope time/* metrics"""
+    timeline_every: int = 0
+    """every N steps, write the step's self-contained HTML timeline (iteration_NNNNNN/timing_gantt.html); 0 writes none"""
+    stall_warning_s: float | None = 120.0
+    """when no step has finished for this many seconds, log a stall report (the groups outstanding and what each
+    waits on, what the trainer and dataloader wait on, the Trio task tree), again at that interval; None: never"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_path", Path(self.log_path))
@@ -304,6 +317,11 @@ def _check_numbers(config: Config) -> None:
         non_negative("max_steps", config.max_steps, "None trains until the data runs out")
     if config.num_workers is not None:
         positive("num_workers", config.num_workers, "at least 1, or None for the default")
+    non_negative("transcripts_every", config.transcripts_every, "0 writes no transcripts")
+    non_negative("transcript_groups", config.transcript_groups, "0 writes no transcripts")
+    non_negative("timeline_every", config.timeline_every, "0 writes no timelines")
+    if config.stall_warning_s is not None:
+        positive("stall_warning_s", config.stall_warning_s, "seconds, such as 120, or None for no stall report")
 
 
 def _check_kl_penalty(config: Config) -> None:

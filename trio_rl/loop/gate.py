@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import trio
 
 from .work import WorkItem
+
+
+@dataclass(frozen=True)
+class ConsumptionGateStatistics:
+    """What :meth:`ConsumptionGate.statistics` returns.
+
+    Attributes:
+        consumed: groups the trainer has consumed so far.
+        tasks_waiting: tasks (the dataloader) waiting for the next consumption.
+    """
+
+    consumed: int
+    tasks_waiting: int
 
 
 class ConsumptionGate:
@@ -29,6 +43,10 @@ class ConsumptionGate:
     def __init__(self) -> None:
         self.consumed = 0
         self._changed = trio.Event()
+
+    def statistics(self) -> ConsumptionGateStatistics:
+        """How many groups were consumed, and who waits for more, as Trio's primitives report themselves."""
+        return ConsumptionGateStatistics(self.consumed, self._changed.statistics().tasks_waiting)
 
     def free(self, items: Iterable[WorkItem]) -> None:
         """Free the slots of ``items``' groups, which have met a fate, and wake the waiters.

@@ -14,10 +14,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import trio
 
 from .work import Handout, ItemKey
+
+
+@dataclass(frozen=True)
+class DataLedgerStatistics:
+    """What :meth:`DataLedger.statistics` returns.
+
+    Attributes:
+        cursor: the first dataset position not yet handed out.
+        outstanding: items handed out (or owed) and neither trained nor dropped.
+        notes_unread: hand-out notes sent by the dataloader and not yet read.
+        empty_batches: empty dataset batches skipped.
+        dataloader_done: whether the dataloader is done.
+    """
+
+    cursor: ItemKey
+    outstanding: int
+    notes_unread: int
+    empty_batches: int
+    dataloader_done: bool
 
 
 class DataLedger:
@@ -38,6 +58,16 @@ class DataLedger:
         """Empty dataset batches the dataloader skipped."""
         self.dataloader_done = False
         """Whether the dataloader is done (every note read): nothing more is handed out."""
+
+    def statistics(self) -> DataLedgerStatistics:
+        """The ledger's state, without reading the notes waiting (so it changes nothing)."""
+        return DataLedgerStatistics(
+            cursor=self.cursor,
+            outstanding=len(self._outstanding),
+            notes_unread=self._notes.statistics().current_buffer_used,
+            empty_batches=self.empty_batches,
+            dataloader_done=self.dataloader_done,
+        )
 
     def read_notes(self) -> None:
         """Take in every note sent so far (never waits)."""
@@ -63,6 +93,10 @@ class DataLedger:
         self.read_notes()
         for key in keys:
             self._outstanding.pop(key, None)
+
+    def outstanding_as_read(self) -> list[ItemKey]:
+        """:attr:`outstanding` without reading the notes waiting: for a report from another task, which must change nothing."""
+        return sorted(self._outstanding)
 
     @property
     def outstanding(self) -> list[ItemKey]:

@@ -81,7 +81,7 @@ async def run_pipeline(
     stop_rollouts = trio.CancelScope()
     owed = OwedEvaluations()
     crashes = Crashes()
-    nursery.start_soon(crashes.watch, evaluator(evaluation, evals_recv, run.metrics, owed))
+    nursery.start_soon(crashes.watch, evaluator(evaluation, evals_recv, run.metrics, owed, run.observer))
     workers = WorkerPool(items_send, items_recv, groups_send, stages.rollout, run)
     nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, stages.items, run, workers))
     # A crashing trainer leaves its channels open, so that no stage mistakes

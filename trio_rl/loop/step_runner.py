@@ -10,6 +10,7 @@ from typing import Any
 from tinker import types as tinker_types
 
 from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
+from ..observe.spans import span
 from ..rl.data import without_mask
 from ..rl.kl import incorporate_kl_penalty, post_update_kl
 from ..types import Metrics
@@ -127,7 +128,8 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await self._publishing.publish(self._client, f"{done.step + 1:06d}")
+            with span("save_weights_for_sampler", version=done.step + 1):
+                sampler = await self._publishing.publish(self._client, f"{done.step + 1:06d}")
             if self._post_kl:
                 # As 0.6.1 does: the step's data scored by the new weights, before they are handed out.
                 done.post_kl = await post_update_kl(sampler, [d for data in done.submitted for d in data])
@@ -168,26 +170,28 @@ class StepRunner:
             current.kl_diff_sum += penalty.diff_sum
             current.kl_tokens += penalty.tokens
         if data:
-            current.pending.append(
-                await self._client.forward_backward(
+            with span("forward_backward", datums=len(data)):
+                pending = await self._client.forward_backward(
                     [without_mask(d) for d in data],
                     self._loss_fn,  # type: ignore[arg-type]  # checked against LossFnType before the run
                     self._loss_fn_config,
                 )
-            )
+            current.pending.append(pending)
             current.submitted.append(data)
             current.trained.extend(kept)
             current.grads_pending = True
         # An optimizer step without gradients would still move Adam's weights by
         # its momentum; a substep whose groups were all filtered out skips it.
         if optim and current.grads_pending:
-            current.pending.append(await self._client.optim_step(self._adam_params))
+            with span("optim_step"):
+                current.pending.append(await self._client.optim_step(self._adam_params))
             current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
-        current.results = [await pending.result() for pending in current.pending]
+        with span("wait_for_train_results", requests=len(current.pending)):
+            current.results = [await pending.result() for pending in current.pending]
         now = time.perf_counter()
         current.train_seconds = now - (now if current.started is None else current.started)
         return current

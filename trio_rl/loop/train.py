@@ -17,6 +17,9 @@ from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..base.jsonl import RunFolderWarning, read_records
 from ..config import Config, check_inflight_on_backend, check_loss_on_backend
 from ..errors import one_per_fault
+from ..observe.observer import ObserveSettings, RunObserver
+from ..observe.spans import watching
+from ..observe.transcripts import token_ids
 from ..rl.epochs import with_epochs
 from ..rl.rollouts import ParamsPerCall
 from ..types import EnvGroupBuilder, RLDataset
@@ -57,6 +60,13 @@ class RunHandle:
     metrics: trio.MemoryReceiveChannel[dict[str, Any]]
     log_path: Path
     _weights: LatestWeights
+    _observer: RunObserver | None = None
+
+    def stall_report(self) -> str:
+        """The stall report as of now: what each group being rolled out, the trainer and the dataloader wait on."""
+        if self._observer is None:
+            return "no stall report: the run is not observed"
+        return self._observer.stall_report()
 
     @property
     def step(self) -> int:
@@ -187,27 +197,37 @@ async def train(
         async with _run_nursery(config) as nursery:
             # Setting up inside the nursery makes its failures arrive like any other.
             begin = await run_folder.start(config, backend, checkpoint_log)
-            run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
+            run = await _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
             first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
             run.weights.publish(begin.step, first)
-            task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
-            stages = StageSettings(
-                items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
-                rollout=rollout,
-                trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
-                evaluation=await _evaluation(config, backend, begin, evaluators),
-            )
-            outcome = await run_pipeline(
-                nursery,
-                run,
-                stages,
-                runner=_step_runner(config, begin.training_client, run),
-                checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
-            )
+            observer = run.observer
+            assert observer is not None, "train() always observes its run"
+            # Every stage started from here on reports its spans to the run's watch.
+            with watching(observer.watch):
+                stalls = trio.CancelScope()
+                nursery.start_soon(_watch_for_stalls, observer, stalls)
+                task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights, observer))
+                stages = StageSettings(
+                    items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
+                    rollout=rollout,
+                    trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
+                    evaluation=await _evaluation(config, backend, begin, evaluators),
+                )
+                outcome = await run_pipeline(
+                    nursery,
+                    run,
+                    stages,
+                    runner=_step_runner(config, begin.training_client, run),
+                    checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
+                )
+                stalls.cancel()
     finally:
         if run is not None:
             run.metrics.close()
+            if run.observer is not None:
+                # On every way out, a crash and a cancellation too: the trace file ends whole.
+                run.observer.close()
     assert run is not None, "the run was opened before its pipeline returned"
     return _result(outcome, run.metrics, Path(config.log_path), begin.step)
 
@@ -230,23 +250,51 @@ async def _evaluation(
     return Evaluation(tuple(evaluators), config.eval_every, config.eval_timeout, owed=owed)
 
 
-def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, live_buffer: int) -> Run:
+async def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, live_buffer: int) -> Run:
     """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
     log_path = Path(config.log_path)
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
     schedule = schedule_for(config, first_batch_size)
     ledger, gate = DataLedger(begin.cursor, begin.owed), ConsumptionGate()
     resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
+    weights = LatestWeights(on_publish=None if resampling is None else resampling.published)
+
+    def snapshot_parts() -> tuple[int, list[str], dict[str, Any]]:
+        statistics = {"weights": weights.statistics(), "admission": gate.statistics(), "ledger": ledger.statistics()}
+        return weights.version, [f"{k.batch}/{k.group}" for k in ledger.outstanding_as_read()], statistics
+
+    transcripts = config.transcripts_every > 0 and config.transcript_groups > 0
+    decode = (await begin.training_client.get_tokenizer()).decode if transcripts else token_ids
+    observer = RunObserver(_observe_settings(config, begin.step), decode=decode, snapshot_parts=snapshot_parts)
     return Run(
         start_step=begin.step,
         schedule=schedule,
-        weights=LatestWeights(on_publish=None if resampling is None else resampling.published),
+        weights=weights,
         ledger=ledger,
         gate=gate,
         metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
         publishing=publishing_for(config),
         resampling=resampling,
+        observer=observer,
     )
+
+
+def _observe_settings(config: Config, start_step: int) -> ObserveSettings:
+    return ObserveSettings(
+        log_path=Path(config.log_path),
+        start_step=start_step,
+        transcripts_every=config.transcripts_every if config.transcript_groups > 0 else 0,
+        transcript_groups=config.transcript_groups,
+        trace=config.trace,
+        timeline_every=config.timeline_every,
+        stall_warning_s=config.stall_warning_s,
+    )
+
+
+async def _watch_for_stalls(observer: RunObserver, stop: trio.CancelScope) -> None:
+    """The stall watch, until ``stop`` is cancelled (when the pipeline returns) or the run is."""
+    with stop:
+        await observer.watch_for_stalls()
 
 
 def _live_buffer(task_status: trio.TaskStatus[RunHandle]) -> int:

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
 from ..backends.protocol import SamplingClient
+
+
+@dataclass(frozen=True)
+class LatestWeightsStatistics:
+    """What :meth:`LatestWeights.statistics` returns.
+
+    Attributes:
+        version: the newest published version (-1 before the first).
+        tasks_waiting: tasks waiting in :meth:`LatestWeights.wait_for` for a newer version.
+    """
+
+    version: int
+    tasks_waiting: int
 
 
 class LatestWeights:
@@ -32,6 +46,13 @@ class LatestWeights:
     def version(self) -> int:
         """The newest published version (-1 before the first)."""
         return self._version
+
+    def statistics(self) -> LatestWeightsStatistics:
+        """The version, and who waits on it, as Trio's primitives report themselves."""
+        return LatestWeightsStatistics(
+            version=self._version,
+            tasks_waiting=self._published.statistics().tasks_waiting,
+        )
 
     def publish(self, version: int, client: SamplingClient) -> None:
         """Make ``client`` the newest; ``version`` must exceed every earlier one."""

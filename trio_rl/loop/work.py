@@ -7,6 +7,7 @@ from typing import Any
 
 from tinker import types as tinker_types
 
+from ..observe.transcripts import GroupTranscript
 from ..rl.summary import GroupSummary
 from ..types import EnvGroupBuilder, RolloutError
 
@@ -62,6 +63,8 @@ class FinishedGroup:
     """With a KL penalty: per Datum, ``(sampled - reference) * mask`` logprobs (numpy arrays)."""
     finished_at: float = 0.0
     """When its worker finished it (Trio's clock): which of a version's groups a step takes first."""
+    transcript: GroupTranscript | None = None
+    """Its trajectories as a transcript, kept only when the run writes transcripts."""
 
 
 @dataclass(frozen=True)

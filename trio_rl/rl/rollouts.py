@@ -43,6 +43,7 @@ from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient, token_versions
 from ..base.determinism import derive_seed, settle
 from ..errors import EmptyGroupError, GroupFailedError
+from ..observe.spans import on_free_lane, span
 from ..types import (
     ActionExtra,
     Env,
@@ -175,40 +176,45 @@ async def _roll_out_into(into: list[Trajectory | None], index: int, policy: Toke
     ``do_single_rollout`` returns would be one more frame for every rollout,
     held all the while it waits on the sampler.
     """
-    runner = current_runner()
-    initial = await runner.call(env.initial_observation)
-    # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
-    if not isinstance(initial, tuple):
-        if not hasattr(initial, "reward"):
-            raise TypeError(
-                f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
-                "expected (observation, stop_condition) or InitialObservationOverflow"
-            )
-        into[index] = _overflow_trajectory(initial)
-        return
-    ob, stop = initial
-    takes_extra = _step_takes_extra(type(env).step)
-    step = runner.bind(env.step)
-    transitions: list[Transition] = []
-    while True:
-        action = await policy(ob, stop)
-        if takes_extra:
-            result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
-        else:
-            result = await step(action.tokens)
-        # Results are read by field name: a cookbook env returns the cookbook's StepResult.
-        transition = Transition(
-            ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {})
-        )
-        transitions.append(transition)
-        if result.episode_done:
-            into[index] = Trajectory(
-                transitions=transitions,
-                final_ob=result.next_observation,
-                stop_reason=stop_reason_from_metrics(transition.metrics),
-            )
+    # A lane of its own in a trace: the group's rollouts run at once, each on one.
+    with on_free_lane("rollout"), span("rollout"):
+        runner = current_runner()
+        with span("env_initial_observation"):
+            initial = await runner.call(env.initial_observation)
+        # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
+        if not isinstance(initial, tuple):
+            if not hasattr(initial, "reward"):
+                raise TypeError(
+                    f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
+                    "expected (observation, stop_condition) or InitialObservationOverflow"
+                )
+            into[index] = _overflow_trajectory(initial)
             return
-        ob, stop = result.next_observation, result.next_stop_condition
+        ob, stop = initial
+        takes_extra = _step_takes_extra(type(env).step)
+        step = runner.bind(env.step)
+        transitions: list[Transition] = []
+        while True:
+            with span("sample"):
+                action = await policy(ob, stop)
+            with span("env_step"):
+                if takes_extra:
+                    result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
+                else:
+                    result = await step(action.tokens)
+            # Results are read by field name: a cookbook env returns the cookbook's StepResult.
+            transition = Transition(
+                ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {})
+            )
+            transitions.append(transition)
+            if result.episode_done:
+                into[index] = Trajectory(
+                    transitions=transitions,
+                    final_ob=result.next_observation,
+                    stop_reason=stop_reason_from_metrics(transition.metrics),
+                )
+                return
+            ob, stop = result.next_observation, result.next_stop_condition
 
 
 @dataclass(frozen=True)
@@ -490,7 +496,8 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
         EmptyGroupError: ``make_envs()`` returned no env (no strategy skips it).
     """
     try:
-        envs = await call_user(builder.make_envs)
+        with span("make_envs"):
+            envs = await call_user(builder.make_envs)
         if not envs:
             raise EmptyGroupError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
         yield envs
@@ -539,7 +546,7 @@ async def _cleanup(builder: EnvGroupBuilder) -> Exception | None:
     """Run ``builder.cleanup()`` shielded and bounded; return its exception instead of raising it."""
     if _cleanup_is_a_no_op(type(builder)):
         return None  # no shielded, deadlined scope for a cleanup that does nothing
-    with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True):
+    with trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True), span("cleanup"):
         try:
             await call_user(builder.cleanup)
         except Exception as exc:
@@ -566,7 +573,8 @@ async def rollout_group(
             )
         return graded
 
-    rewards_and_metrics = await grade_group(termination, rollout.trajectories, grade)
+    with span("compute_group_rewards"):
+        rewards_and_metrics = await grade_group(termination, rollout.trajectories, grade)
     return TrajectoryGroup(
         trajectories_G=rollout.trajectories,
         final_rewards_G=[reward for reward, _ in rewards_and_metrics],

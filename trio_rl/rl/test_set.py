@@ -8,6 +8,7 @@ from tinker import types as tinker_types
 from ..backends.protocol import SamplingClient
 from ..base.determinism import derive_seed
 from ..errors import GroupFailedError
+from ..observe.evaluations import evaluation_transcripts
 from ..types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from .metrics import trajectory_metrics
 from .rollouts import ErrorStrategy, FailFast, ParamsPerCall, SamplingPolicy, TokenPolicy, do_group_rollout
@@ -59,6 +60,8 @@ class RLTestSetEvaluator:
                     raise
                 return
             results[index] = (group, list(builder.logging_tags()))
+            if (transcripts := evaluation_transcripts()) is not None:
+                transcripts.add(self.name, index, group, list(builder.logging_tags()))
 
         async with trio.open_nursery() as nursery:
             for index, builder in enumerate(self.builders):

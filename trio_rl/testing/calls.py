@@ -28,7 +28,7 @@ class FakeCall:
             ``save_state``, ``load_state`` or ``compute_logprobs``.
         time: ``trio.current_time()`` when it was received.
         version: the weights version it ran against.
-        detail: call-specific facts (datum count, seed, ...).
+        detail: call-specific facts (datum count, seed, ...; a ``forward_backward``'s Datums as ``datums``).
     """
 
     kind: str

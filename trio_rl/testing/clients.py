@@ -163,7 +163,13 @@ class FakeTrainingClient:
             # A fake env's prompt starts with its group's identity (see FakeEnv).
             groups = sorted({_fake_group_key(d) for d in data})
             backend.record(
-                "forward_backward", self.version, data=len(data), tokens=tokens, loss_fn=loss_fn, groups=groups
+                "forward_backward",
+                self.version,
+                data=len(data),
+                tokens=tokens,
+                loss_fn=loss_fn,
+                groups=groups,
+                datums=list(data),
             )
         await trio.lowlevel.checkpoint()
         outputs = [{"logprobs": compat.tensor([-0.5] * compat.token_count(d.model_input), "float32")} for d in data]

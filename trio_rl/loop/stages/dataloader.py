@@ -6,6 +6,7 @@ from contextlib import nullcontext
 
 import trio
 
+from ...observe.spans import activity, on_track, span
 from ..channels import closed_unless_crashed
 from ..items import DatasetItems
 from ..work import Handout, ItemKey
@@ -35,6 +36,8 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
         workers.closed_unless_crashed(),
         closed_unless_crashed(notes),
         resampling.dataloader_side() if resampling is not None else nullcontext(),
+        on_track("dataloader"),
+        activity("dataloader"),
     ):
         for entry in items:
             if isinstance(entry, ItemKey):
@@ -50,9 +53,11 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
                     break
                 # No checkpoint since the checks: a resample or consumption from
                 # here on wakes this wait.
-                await gate.wait_for_change()
+                with span("wait_for_admission"):
+                    await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
-            await workers.hand_out(entry.item(admission))
+            with span("hand_out"):
+                await workers.hand_out(entry.item(admission))
         if resampling is not None:
             for item in resampling.take_last():
                 await workers.hand_out(item)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import trio
 
 from ...backends.protocol import SamplingClient
+from ...observe.evaluations import collecting
+from ...observe.observer import RunObserver
+from ...observe.spans import activity, on_track, span
 from ..evaluation import OwedEvaluations, SamplingClientEvaluator, evaluate
 from ..metrics_log import MetricsLog
 
@@ -30,9 +33,15 @@ async def evaluator(
     requests: trio.MemoryReceiveChannel[tuple[int, SamplingClient]],
     metrics: MetricsLog,
     owed: OwedEvaluations,
+    observer: RunObserver | None = None,
 ) -> None:
-    """Evaluate each weights version the trainer sends, once, logging under its step."""
-    with requests:
+    """Evaluate each weights version the trainer sends, once, logging under its step (and its transcripts)."""
+    with requests, on_track("evaluator"), activity("evaluator"):
         async for version, client in requests:
-            metrics.write(version, await evaluate(evaluation.evaluators, version, client, evaluation.timeout))
+            collector = None if observer is None else observer.evaluation_collector(version)
+            with span("run_evals", step=version), collecting(collector):
+                results = await evaluate(evaluation.evaluators, version, client, evaluation.timeout)
+            if observer is not None:
+                observer.write_evaluation(collector)
+            metrics.write(version, results)
             owed.done(version)

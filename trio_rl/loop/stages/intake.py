@@ -8,6 +8,7 @@ from contextlib import nullcontext
 import trio
 
 from ...base.determinism import TRAINER_FIRST, settle
+from ...observe.spans import span
 from ..schedules import Minibatch, Need, Verdict
 from ..work import Delivery, FinishedGroup
 from .run import Run
@@ -96,7 +97,9 @@ class GroupIntake:
         # A scope only where there is a deadline: most waits have none.
         with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
             try:
-                self._classify(await self._groups.receive(), step)
+                with span("wait_for_groups"):
+                    delivery = await self._groups.receive()
+                self._classify(delivery, step)
             except trio.EndOfChannel:
                 self.ended = True
             return

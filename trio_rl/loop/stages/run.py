@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...observe.observer import RunObserver
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
@@ -26,6 +27,7 @@ class Run:
         metrics: the run's ``metrics.jsonl``.
         publishing: how the weights reach the samplers (snapshots or in flight), chosen once.
         resampling: what resampling does beyond deciding; only where the schedule resamples.
+        observer: what the run writes to be seen inside (transcripts, trace, timelines); None writes nothing.
     """
 
     start_step: int
@@ -36,3 +38,4 @@ class Run:
     metrics: MetricsLog
     publishing: WeightsPublishing
     resampling: Resampling | None = None
+    observer: RunObserver | None = None

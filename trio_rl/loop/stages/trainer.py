@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 import trio
 
 from ...errors import NonFiniteError
+from ...observe.observer import StepSeen
+from ...observe.spans import activity, on_track, span
 from ...types import Metrics
 from ..checkpoints import CheckpointKeeper, CheckpointRecord
 from ..evaluation import EvalRequests
@@ -92,6 +94,10 @@ class Trainer:
 
     async def run(self) -> TrainerOutcome:
         """Train until the data runs out or ``max_steps``, then evaluate and save the final weights."""
+        with on_track("trainer"), activity("trainer"):
+            return await self._run_observed()
+
+    async def _run_observed(self) -> TrainerOutcome:
         try:
             await self._evals.request_owed()
             await self._evals.request_if_due(self.step)
@@ -150,23 +156,25 @@ class Trainer:
 
     async def _train_step(self) -> TrainedStep | None:
         """Submit each minibatch the schedule decides as soon as it does, then publish the step's weights."""
-        self._intake.expire(self.step)
-        self._runner.begin(self.step)
-        while (minibatch := await self._intake.next_minibatch(self.step)) is not None:
-            await self._runner.submit(minibatch)
-        return await self._runner.finish(self._summarize)
+        with span("train_step", step=self.step):
+            self._intake.expire(self.step)
+            self._runner.begin(self.step)
+            while (minibatch := await self._intake.next_minibatch(self.step)) is not None:
+                await self._runner.submit(minibatch)
+            return await self._runner.finish(self._summarize)
 
     async def _save(self, *, final: bool, reason: str) -> CheckpointRecord | None:
         """Save the state with the counts so far, which must already include every group retired from the ledger."""
         counts = self.counts
-        return await self._checkpoints.save(
-            self.step,
-            final=final,
-            reason=reason,
-            tokens=(asdict(counts.cumulative_tokens), asdict(counts.discarded_tokens)),
-            counts=counts.to_json(),
-            owed_evaluations=lambda: self._evals.owed.before(self.step),
-        )
+        with span("save_checkpoint", step=self.step, reason=reason):
+            return await self._checkpoints.save(
+                self.step,
+                final=final,
+                reason=reason,
+                tokens=(asdict(counts.cumulative_tokens), asdict(counts.discarded_tokens)),
+                counts=counts.to_json(),
+                owed_evaluations=lambda: self._evals.owed.before(self.step),
+            )
 
     def _summarize(self, groups: list[FinishedGroup]) -> Metrics:
         return group_metrics(self.step, groups, self._settings.groups_per_step)
@@ -207,6 +215,11 @@ class Trainer:
         if self._settings.learning_rate is not None:
             metrics.setdefault("optim/lr", self._settings.learning_rate)
         metrics["time/total"] = time.perf_counter() - self._started
+        if (observer := self._run.observer) is not None:
+            seen = StepSeen(done.step, [(g.transcript, id(g) in trained_ids) for g in done.taken])
+            # The loop's own time/* keys (time/train_step, time/total) keep their meaning.
+            for key, value in observer.step_recorded(seen).items():
+                metrics.setdefault(key, value)
         self.step = done.step + 1
         self._run.metrics.write(done.step, metrics)
 

@@ -8,11 +8,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import trio
+from tinker import types as tinker_types
 
 from ...backends.protocol import SamplingClient
 from ...base.determinism import derive_seed, settle
 from ...errors import NonFiniteError, stops_the_run
-from ...rl.data import assemble_training_data
+from ...observe.spans import activity, current_watch, on_track, span
+from ...observe.transcripts import GroupTranscript
+from ...rl.data import assemble_training_data, compute_advantages, trajectory_to_data
 from ...rl.kl import reference_logprob_diffs
 from ...rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ...rl.summary import GroupSummary
@@ -85,6 +88,7 @@ class WorkerPool:
                 self._groups_send.clone(),
                 self._settings,
                 self._run,
+                self._started - 1,
             )
         await send_downstream(self._items_send, item)
 
@@ -98,11 +102,16 @@ async def rollout_worker(
     groups: trio.MemorySendChannel[Delivery],
     settings: RolloutSettings,
     run: Run,
+    number: int = 0,
 ) -> None:
-    """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
-    with closed_unless_crashed(items, groups):
+    """Sample groups until the items run out, closing its clone of ``groups`` on exit; its spans go on ``worker <number>``."""
+    with closed_unless_crashed(items, groups), on_track(f"worker {number}"):
         async for item in items:
-            await send_downstream(groups, await run_work_item(item, settings, run))
+            key = item.key
+            with activity(f"group {key.batch}/{key.group}", attempt=item.attempt):
+                with span("trajectory_group_worker", batch=key.batch, group=key.group, attempt=item.attempt):
+                    delivery = await run_work_item(item, settings, run)
+                await send_downstream(groups, delivery)
 
 
 async def run_work_item(item: WorkItem, settings: RolloutSettings, run: Run) -> Delivery:
@@ -126,12 +135,31 @@ async def run_work_item(item: WorkItem, settings: RolloutSettings, run: Run) -> 
     _check_finite_rewards(item, version, summary.total_rewards)
     # Advantages are centred within the group, so its data can be built here,
     # while other groups are still sampling, instead of on the trainer's path.
-    data = assemble_training_data([group], settings.loss_fn)
+    watch = current_watch()
+    transcript = None
+    with span("assemble_training_data"):
+        if watch is not None and watch.transcripts:
+            transcript, data = _with_transcript(item, version, group, settings.loss_fn)
+        else:
+            data = assemble_training_data([group], settings.loss_fn)
     # Scored here, beside the other groups' sampling, so the trainer only adds.
     diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
     # From here on the group is its data and a summary: its trajectories are
     # dropped rather than held (and walked by the collector) until its step.
-    return FinishedGroup(item, version, summary, list(item.builder.logging_tags()), data, diffs, trio.current_time())
+    tags = list(item.builder.logging_tags())
+    return FinishedGroup(item, version, summary, tags, data, diffs, trio.current_time(), transcript)
+
+
+def _with_transcript(
+    item: WorkItem, version: int, group: TrajectoryGroup, loss_fn: str
+) -> tuple[GroupTranscript, list[tinker_types.Datum]]:
+    """The group's transcript and training data, built per trajectory so the transcript holds each one's Datums."""
+    (advantages,) = compute_advantages([group])
+    per_trajectory = [trajectory_to_data(t, a, loss_fn) for t, a in zip(group.trajectories_G, advantages, strict=True)]
+    key = (item.key.batch, item.key.group, item.attempt)
+    tags = list(item.builder.logging_tags())
+    transcript = GroupTranscript.of(key, version, group, advantages, per_trajectory, tags)
+    return transcript, [datum for data in per_trajectory for datum in data]
 
 
 async def _roll_out(
@@ -142,7 +170,8 @@ async def _roll_out(
     # Envs are made before waiting for weights, so the group is ready to sample
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
-        await weights.wait_for(item.min_version)
+        with span("wait_for_weights", min_version=item.min_version):
+            await weights.wait_for(item.min_version)
         if not run.schedule.samples_exact_version:
             # Which weights a rollout uses must not depend on which of the tasks
             # due at this instant (the trainer publishing among them) ran first.
