@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, event, example, given, settings
@@ -307,3 +308,24 @@ def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order(
         assert other.checkpoints == first.checkpoints
         assert other.trained == first.trained
     check_accounting(s, first)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect, found at integration on 2026-12-02 and present at 794f636: an evaluation that "
+    "ends at the instant of a periodic save is in the checkpoint's owed_evaluations or not by Trio's task "
+    "order (settle() under a MockClock adds nanoseconds whose count depends on that order)",
+)
+def test_an_evaluation_ending_at_a_save_is_owed_or_not_whatever_the_task_order(
+    trio_task_order_from_seed: TaskOrder,
+) -> None:
+    s = scenario(
+        batch_sizes=[2, 2, 3],
+        turns=2,
+        step_latency=2.0,
+        eval_every=1,
+        save_every=1,
+        eval_latency=4.0,
+    )
+    first, second = (run_scenario(trio_task_order_from_seed, s, seed) for seed in s["scheduling_seeds"])
+    assert first.checkpoints == second.checkpoints, "the checkpoint rows depend on Trio's task order"
