@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, event, example, given, settings
@@ -310,12 +309,8 @@ def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order(
     check_accounting(s, first)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, found at integration on 2026-12-02 and present at 794f636: an evaluation that "
-    "ends at the instant of a periodic save is in the checkpoint's owed_evaluations or not by Trio's task "
-    "order (settle() under a MockClock adds nanoseconds whose count depends on that order)",
-)
+# Found at integration (2026-12-02), present at 794f636: the evaluation of step 2 ended at the
+# very instant of step 3's save, and Trio's task order decided whether the row owed it.
 def test_an_evaluation_ending_at_a_save_is_owed_or_not_whatever_the_task_order(
     trio_task_order_from_seed: TaskOrder,
 ) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import trio
 
 from ...backends.protocol import SamplingClient
+from ...base.determinism import settle
 from ...observe.evaluations import collecting
 from ...observe.observer import RunObserver
 from ...observe.spans import activity, on_track, span
@@ -41,6 +42,10 @@ async def evaluator(
             collector = None if observer is None else observer.evaluation_collector(version)
             with span("run_evals", step=version), collecting(collector):
                 results = await evaluate(evaluation.evaluators, version, client, evaluation.timeout)
+            # A checkpoint reads what is owed right after its own settle(), possibly at the
+            # instant this evaluation ends: settling first puts the record after that read
+            # whatever Trio's task order, so the row and metrics.jsonl agree either way.
+            await settle()
             if observer is not None:
                 observer.write_evaluation(collector)
             metrics.write(version, results)
