@@ -6,6 +6,12 @@ import trio
 from trio.testing import MockClock
 
 from trio_rl.loop.gate import ConsumptionGate
+from trio_rl.loop.work import ItemKey, WorkItem
+
+
+def items(n: int, attempt: int = 0) -> list[WorkItem]:
+    """``n`` work items at ``attempt`` (only a first hand-out, attempt 0, holds a slot)."""
+    return [WorkItem(ItemKey(0, g), g, None, attempt=attempt, min_version=0) for g in range(n)]  # type: ignore[arg-type]
 
 DEADLINE_S = 100.0
 """Virtual seconds; under autojump a waiter that is never woken fails at once."""
@@ -14,10 +20,10 @@ DEADLINE_S = 100.0
 def test_consume_counts_and_ignores_nothing_to_count() -> None:
     gate = ConsumptionGate()
     assert gate.consumed == 0
-    gate.consume()
-    gate.consume(3)
-    gate.consume(0)
-    gate.consume(-2)
+    gate.free(items(1))
+    gate.free(items(3))
+    gate.free(items(0))
+    gate.free(items(2, attempt=1))  # copies handed out again hold no slot
     assert gate.consumed == 4
 
 
@@ -34,9 +40,9 @@ async def test_a_waiter_wakes_at_the_next_consume_and_not_before(autojump_clock:
             nursery.start_soon(wait)
             nursery.start_soon(wait)
             await trio.sleep(1.0)
-            gate.consume(0)  # no change: nobody wakes
+            gate.free(items(1, attempt=2))  # no slot freed: nobody wakes
             await trio.sleep(1.0)
-            gate.consume(2)
+            gate.free(items(2))
     assert woke == [(2.0, 2), (2.0, 2)]
 
 
@@ -54,7 +60,7 @@ async def test_a_change_between_the_check_and_the_wait_is_not_missed(autojump_cl
     async def consume_each_second() -> None:
         for _ in range(3):
             await trio.sleep(1.0)
-            gate.consume()
+            gate.free(items(1))
 
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
