@@ -61,16 +61,18 @@ class AsyncConfig:
             steps stale while the dataset still has data and drops them
             (counted) afterwards.
         loss_fn: the loss async runs train with, in place of ``Config.loss_fn``, as in
-            tinker-cookbook 0.6.1 (default ``"stable_reinforce"``, which needs the tinker
-            SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so
-            choose e.g. ``AsyncConfig(..., loss_fn="importance_sampling")`` there). A
-            ``Config.loss_fn`` other than its default and this value is refused.
+            tinker-cookbook 0.6.1. ``None`` (the default) resolves per backend before
+            any work (:mod:`trio_rl.async_loss`): ``"stable_reinforce"`` on Tinker and
+            FakeBackend, as in the cookbook; on LocalBackend and HFBackend, which lack
+            it, ``"importance_sampling"`` with token-level truncated importance sampling
+            (``loss_fn_config={"tis_cap": 2.0}`` unless ``Config.loss_fn_config`` is set). A ``Config.loss_fn`` other than its default and
+            the resolved value is refused.
     """
 
     max_steps_off_policy: int
     groups_per_batch: int
     staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
-    loss_fn: str = "stable_reinforce"
+    loss_fn: str | None = None
     inflight_weights: bool = False
 
     def validate(self, num_substeps: int) -> None:
@@ -186,8 +188,19 @@ class Config:
         """The loss this run trains with: ``async_config.loss_fn`` in async mode, ``loss_fn`` otherwise.
 
         The cookbook 0.6.1's ``Config.training_loss_fn()``; everything that reads the loss reads this.
+
+        Raises:
+            ValueError: in async mode with ``AsyncConfig.loss_fn=None``, which only
+                a backend resolves (:func:`trio_rl.async_loss.with_async_loss`).
         """
-        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+        if self.async_config is None:
+            return self.loss_fn
+        if self.async_config.loss_fn is None:
+            raise ValueError(
+                "AsyncConfig.loss_fn=None is resolved per backend when the run starts; "
+                "use trio_rl.async_loss.with_async_loss(config, backend) to see it"
+            )
+        return self.async_config.loss_fn
 
     def inflight_weights(self) -> bool:
         """Whether this run publishes its weights in flight (``async_config.inflight_weights``)."""

@@ -74,16 +74,16 @@ def check_loss_on_backend(config: Config, backend: object) -> None:
             raise ConfigError("loss_fn", str(error)) from None
         raise ConfigError(
             "async_config.loss_fn",
-            f"{error}. Async runs train AsyncConfig.loss_fn (default 'stable_reinforce', as in tinker-cookbook "
-            "0.6.1), not Config.loss_fn; choose one this backend trains, e.g. "
-            "AsyncConfig(..., loss_fn='importance_sampling') (on the examples' command line: --loss-fn)",
+            f"{error}. Async runs train AsyncConfig.loss_fn, not Config.loss_fn; choose one this backend "
+            "trains, e.g. AsyncConfig(..., loss_fn='importance_sampling'), or leave it at None for the "
+            "backend's own default (on the examples' command line: --loss-fn)",
         ) from None
 
 
 def _check_losses(config: Config) -> None:
     """The cookbook 0.6.1's loss checks: a known loss, no conflict with AsyncConfig's, what stable_reinforce needs."""
     _check_known_loss("loss_fn", config.loss_fn)
-    if config.async_config is not None:
+    if config.async_config is not None and config.async_config.loss_fn is not None:
         _check_known_loss("async_config.loss_fn", config.async_config.loss_fn)
         # As in the cookbook: Config.loss_fn's default never conflicts, any other value must agree.
         if config.loss_fn not in (DEFAULT_LOSS_FN, config.async_config.loss_fn):
@@ -93,7 +93,7 @@ def _check_losses(config: Config) -> None:
                 f"{config.async_config.loss_fn!r}; async runs train with AsyncConfig.loss_fn, so set the loss there "
                 f"(AsyncConfig(..., loss_fn={config.loss_fn!r}))",
             )
-    if config.training_loss_fn() == "stable_reinforce" and config.kl_penalty_coef > 0 and config.kl_discount_factor > 0:
+    if _chosen_loss(config) == "stable_reinforce" and config.kl_penalty_coef > 0 and config.kl_discount_factor > 0:
         # Discounting moves the KL penalty onto prompt tokens; stable_reinforce accepts
         # nonzero advantages only on sampled tokens (tinker-cookbook 0.6.1 refuses it too).
         raise ConfigError(
@@ -101,6 +101,13 @@ def _check_losses(config: Config) -> None:
             "kl_discount_factor > 0 is not supported with loss_fn='stable_reinforce' (the AsyncConfig default); "
             "set kl_discount_factor=0 or choose another loss",
         )
+
+
+def _chosen_loss(config: Config) -> str | None:
+    """The run's loss, or ``None`` while ``AsyncConfig.loss_fn=None`` waits for the backend to resolve it."""
+    if config.async_config is None:
+        return config.loss_fn
+    return config.async_config.loss_fn
 
 
 def _check_known_loss(field: str, loss: str) -> None:
@@ -147,7 +154,7 @@ def _check_kl_penalty(config: Config) -> None:
             "kl_reference_config",
             "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
         )
-    if config.kl_penalty_coef > 0 and config.training_loss_fn() == "cross_entropy":
+    if config.kl_penalty_coef > 0 and _chosen_loss(config) == "cross_entropy":
         raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
 
 

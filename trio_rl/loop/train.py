@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from ..async_loss import with_async_loss
 from ..asyncio_bridge import open_user_code_runner
 from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..config import Config
@@ -131,13 +132,17 @@ async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
         yield nursery
 
 
-def _check_before_work(config: Config, dataset: RLDataset, backend: Backend) -> Sequence[EnvGroupBuilder]:
-    """Validate ``config`` against the backend and the dataset's first batch, which is returned (it is built once)."""
+def _check_before_work(
+    config: Config, dataset: RLDataset, backend: Backend
+) -> tuple[Config, Sequence[EnvGroupBuilder]]:
+    """Resolve the backend's defaults into ``config`` and validate it against the backend and the
+    dataset's first batch; the resolved configuration and that batch (it is built once) are returned."""
+    config = with_async_loss(config, backend)
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     check_loss_on_backend(config, backend)
     check_inflight_on_backend(config, backend)
-    return first_batch
+    return config, first_batch
 
 
 async def train(
@@ -173,7 +178,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    first_batch = _check_before_work(config, dataset, backend)
+    config, first_batch = _check_before_work(config, dataset, backend)
     run_folder.claim(config, dataset_length=len(dataset))
     checkpoint_log = CheckpointLog(Path(config.log_path))
     run: Run | None = None

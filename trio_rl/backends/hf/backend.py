@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import trio
 
+from trio_rl.async_loss import in_process_async_loss
 from trio_rl.backends.hf._extra import require_hf_extra
 from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
@@ -109,6 +110,10 @@ class HFBackend(InProcessBackend):
             ValueError: naming the loss, the losses it trains and the fix.
         """
         check_loss_fn(loss_fn, loss_fn_config, backend="HFBackend")
+
+    def default_async_loss(self) -> tuple[str, dict[str, float]]:
+        """The loss of ``AsyncConfig(loss_fn=None)`` here: LocalBackend's (:func:`trio_rl.async_loss.in_process_async_loss`)."""
+        return in_process_async_loss()
 
     def _load(self, source: ModelSource) -> _Loaded:
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))
