@@ -121,16 +121,16 @@ async def _one_run(mode: str, seed: int, folder: Path, size: argparse.Namespace)
     config = _config(mode, seed, folder, size)
     arrivals: dict[int, float] = {}
     start = time.perf_counter()
-    async with LocalBackend(log_dir=folder / "backend", model_config=MODEL, tokenizer=tokenizer, seed=seed) as backend:
-        async with trio.open_nursery() as nursery:
+    backend = LocalBackend(log_dir=folder / "backend", model_config=MODEL, tokenizer=tokenizer, seed=seed)
+    async with backend, trio.open_nursery() as nursery:
 
-            async def run(task_status: trio.TaskStatus[Any]) -> None:
-                await train(config, dataset=dataset, backend=backend, evaluators=[evaluator], task_status=task_status)
+        async def run(task_status: trio.TaskStatus[Any]) -> None:
+            await train(config, dataset=dataset, backend=backend, evaluators=[evaluator], task_status=task_status)
 
-            handle = await nursery.start(run)
-            async for record in handle.metrics:
-                if "progress/groups" in record:
-                    arrivals.setdefault(int(record["step"]), time.perf_counter() - start)
+        handle = await nursery.start(run)
+        async for record in handle.metrics:
+            if "progress/groups" in record:
+                arrivals.setdefault(int(record["step"]), time.perf_counter() - start)
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return _summarise(records, arrivals, wall)
@@ -188,7 +188,10 @@ def run_sweep(options: argparse.Namespace) -> None:
             }
             with out.open("a") as file:
                 file.write(json.dumps(line) + "\n")
-            print(f"{mode} seed {seed}: {summary['wall_s']:.0f} s, final eval {summary['eval_reward'][-1]:.3f}", flush=True)
+            print(
+                f"{mode} seed {seed}: {summary['wall_s']:.0f} s, final eval {summary['eval_reward'][-1]:.3f}",
+                flush=True,
+            )
 
 
 def time_to(times: list[float], values: list[float], threshold: float) -> float | None:
@@ -208,7 +211,9 @@ def report(options: argparse.Namespace) -> None:
     lines = [json.loads(line) for line in Path(options.results).read_text().splitlines() if line.strip()]
     modes = [m for m in MODES if any(r["mode"] == m for r in lines)]
     loads = [x for r in lines for x in (r["load_before"][0], r["load_after"][0])]
-    print(f"{len(lines)} runs, {lines[0]['date']} to {lines[-1]['date']}; 1-min load from {min(loads):.1f} to {max(loads):.1f}")
+    print(
+        f"{len(lines)} runs, {lines[0]['date']} to {lines[-1]['date']}; 1-min load from {min(loads):.1f} to {max(loads):.1f}"
+    )
     header = ["mode", "seeds", "s/run"]
     header += [f"eval>={t}" for t in THRESHOLDS["eval/reward"]] + [f"train>={t}" for t in THRESHOLDS["train/reward"]]
     header += ["final eval reward", "final exact", "last-10 train reward", "token lag"]
@@ -217,9 +222,7 @@ def report(options: argparse.Namespace) -> None:
     for mode in modes:
         runs = [r for r in lines if r["mode"] == mode]
         cells = [mode, str(len(runs)), f"{median(r['wall_s'] for r in runs):.0f}"]
-        for key, thresholds in THRESHOLDS.items():
-            for threshold in thresholds:
-                cells.append(_time_cell(runs, key, threshold))
+        cells += [_time_cell(runs, key, t) for key, thresholds in THRESHOLDS.items() for t in thresholds]
         finals = [mean(r["eval_reward"][-2:]) for r in runs]
         exact = [mean(r["eval_exact"][-2:]) for r in runs]
         trains = [mean(r["train_reward"][-10:]) for r in runs]
@@ -263,8 +266,11 @@ def _plot(lines: list[dict[str, Any]], modes: list[str], path: Path) -> None:
         errors = [_se(v) if len(v) > 1 else 0.0 for _, v in points]
         (line,) = axes.plot(xs, ys, label=f"{mode} ({len(runs)} seeds)")
         axes.fill_between(
-            xs, [y - e for y, e in zip(ys, errors, strict=True)], [y + e for y, e in zip(ys, errors, strict=True)],
-            color=line.get_color(), alpha=0.15,
+            xs,
+            [y - e for y, e in zip(ys, errors, strict=True)],
+            [y + e for y, e in zip(ys, errors, strict=True)],
+            color=line.get_color(),
+            alpha=0.15,
         )
     for threshold in THRESHOLDS["eval/reward"]:
         axes.axhline(threshold, color="grey", linewidth=0.5, linestyle=":")

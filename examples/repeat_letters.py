@@ -6,7 +6,7 @@
 A task whose answers are many tokens long, of lengths that differ widely from
 prompt to prompt, with a long tail: the count ``n`` is drawn with probability
 proportional to ``1 / n`` from 1 to ``--max-count`` (16 by default: half the
-prompts ask for at most 3 letters, one in eleven for 13 or more), and a random
+prompts ask for at most 3 letters, one in twelve for 13 or more), and a random
 policy's answers run on to ``max_tokens`` until it learns to stop. So a step's
 slowest rollout is many times its median, and tokens are sampled while the
 weights move: the case where staleness and off-policy corrections matter.
@@ -183,10 +183,10 @@ class RepeatDataset(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         rng = random.Random(derive_seed(self.args.config.seed, "repeat_letters", index))
-        counts = rng.choices(range(1, self.args.max_count + 1), count_weights(self.args.max_count), k=self.args.groups_per_batch)
-        return [
-            RepeatGroupBuilder(rng.choice(LETTERS), count, self.args.group_size, self.renderer) for count in counts
-        ]
+        counts = rng.choices(
+            range(1, self.args.max_count + 1), count_weights(self.args.max_count), k=self.args.groups_per_batch
+        )
+        return [RepeatGroupBuilder(rng.choice(LETTERS), count, self.args.group_size, self.renderer) for count in counts]
 
 
 class ExactEvaluator:
