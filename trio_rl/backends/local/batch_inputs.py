@@ -368,6 +368,6 @@ def forward_backward_parts(
             logprobs[i], losses[i] = lp.detach(), x.detach()
             tensors = inputs[i].tensors
             if "advantages" in tensors and "logprobs" in tensors:
-                on_device = {k: v.to(lp.device) for k, v in tensors.items()}
-                add_reduced(statistics, weight_statistics(lp, on_device, correction))
+                # On the CPU, in float64: exact sums, and no float64 needed on the device (MPS has none).
+                add_reduced(statistics, weight_statistics(lp.detach().cpu(), tensors, correction))
     return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total, **statistics})
