@@ -85,7 +85,7 @@ def test_an_unknown_async_loss_is_refused_naming_the_field(tmp_path: Path) -> No
 def test_stable_reinforce_on_an_sdk_without_it_names_the_sdk_and_the_version_it_needs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trio_rl import config_checks
+    from trio_rl.config import checks as config_checks
 
     # tinker 0.24.1's LossFnType: no stable_reinforce.
     monkeypatch.setattr(config_checks, "LOSS_FNS", ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro"))

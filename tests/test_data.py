@@ -15,7 +15,8 @@ from trio_rl import (
     remove_constant_reward_groups,
     trajectory_to_data,
 )
-from trio_rl.rl.data import split_evenly, without_mask
+from trio_rl.base.splitting import split_evenly
+from trio_rl.rl.data import without_mask
 
 
 def ob(tokens: list[int]) -> tinker_types.ModelInput:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from trio_rl.loop.determinism import SETTLE_S, derive_seed, settle
+from trio_rl.base.determinism import SETTLE_S, derive_seed, settle
 
 
 def test_derived_seeds_fit_a_non_negative_int32() -> None:

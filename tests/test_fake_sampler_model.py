@@ -15,7 +15,7 @@ from tinker import types as tinker_types
 
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import _tinker_compat as compat
-from trio_rl.loop.determinism import derive_seed
+from trio_rl.base.determinism import derive_seed
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplingClient, FakeSequence
 
 DEADLINE_S = 1_000.0

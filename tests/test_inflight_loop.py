@@ -18,8 +18,8 @@ from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import AsyncConfig, Config
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.protocol import token_versions
+from trio_rl.base.determinism import derive_seed
 from trio_rl.loop.checkpoints import CheckpointLog
-from trio_rl.loop.determinism import derive_seed
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 

@@ -12,7 +12,7 @@ from tinker import types as tinker_types
 
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.losses import check_loss_fn, importance_sampling
-from trio_rl.rl.step_metrics import offpolicy_metrics
+from trio_rl.loop.step_metrics import offpolicy_metrics
 
 # log w = p - q per token: w = e^0.1, e^0.9, e^-1.0, e^0.4, e^1.5 (1.105, 2.46, 0.368, 1.49, 4.48).
 LP = [-1.0, -0.1, -2.0, -0.6, -0.5]

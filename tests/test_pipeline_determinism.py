@@ -11,7 +11,7 @@ import trio.testing
 
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, make_config, run_fake
-from trio_rl.loop.determinism import derive_seed
+from trio_rl.base.determinism import derive_seed
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import read_jsonl
 from trio_rl import AsyncConfig, Config, RetryOnFailure, StreamMinibatchConfig, train
-from trio_rl.loop.determinism import derive_seed
+from trio_rl.base.determinism import derive_seed
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
 
 VIRTUAL_DEADLINE_S = 100_000.0

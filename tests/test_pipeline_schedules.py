@@ -9,6 +9,7 @@ from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import Config, Pace, Requeue, TrainResult
+from trio_rl.loop import train as train_module
 from trio_rl.loop.schedules import Need, Schedule, StepClock, Verdict
 from trio_rl.loop.work import Delivery, FinishedGroup, ItemKey, SkippedGroup, WorkItem
 from trio_rl.rl.summary import GroupSummary
@@ -105,7 +106,7 @@ async def test_a_group_filtered_on_arrival_is_counted_as_filtered_and_never_join
     def schedule(config: Config, dataset_batch_size: int) -> Schedule:
         return _FilterOnArrival(groups_per_step=4, num_substeps=1, staleness_limit=1)
 
-    monkeypatch.setattr(Config, "schedule", schedule)
+    monkeypatch.setattr(train_module, "schedule_for", schedule)
     on_arrival = await _run_filtering(tmp_path / "on_arrival")
     for result in (at_step, on_arrival):
         assert result.trained_groups == 20 - len(CONSTANT)

@@ -11,9 +11,9 @@ from trio.testing import MockClock
 from tests.conftest import read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import CheckpointLog, ConfigError
+from trio_rl.base.jsonl import DamagedFileError, RunFolderWarning, read_records
 from trio_rl.errors import DatasetTooShortError
 from trio_rl.loop.checkpoints import CheckpointRecord
-from trio_rl.loop.jsonl import DamagedFileError, RunFolderWarning, read_records
 from trio_rl.loop.run_folder import ResumeError, RunFolderExistsError
 from trio_rl.sinks import JsonlSink
 from trio_rl.testing import FakeBackend, FakeDataset

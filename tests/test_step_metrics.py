@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trio_rl import _tinker_compat as compat
-from trio_rl.rl.step_metrics import result_metrics
+from trio_rl.loop.step_metrics import result_metrics
 
 
 def test_step_loss_sums_loss_sum_metrics() -> None:
@@ -31,7 +31,7 @@ def test_optimizer_metrics_are_prefixed() -> None:
 def test_sample_train_kl_is_the_cookbooks_formula_on_action_tokens() -> None:
     from tinker import types as tinker_types
 
-    from trio_rl.rl.step_metrics import sample_train_kl
+    from trio_rl.loop.step_metrics import sample_train_kl
 
     datum = tinker_types.Datum(
         model_input=compat.model_input_from_ints([1, 2, 3]),

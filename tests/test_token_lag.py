@@ -15,9 +15,9 @@ from tests.conftest import read_metrics_by_step
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import AsyncConfig, TokensWithLogprobs, Trajectory, Transition
 from trio_rl import _tinker_compat as compat
+from trio_rl.loop.step_metrics import token_lag_metrics
 from trio_rl.loop.work import FinishedGroup, ItemKey, WorkItem
 from trio_rl.rl.data import trained_tokens_by_version
-from trio_rl.rl.step_metrics import token_lag_metrics
 from trio_rl.rl.summary import GroupSummary
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
 from trio_rl.types import PARSE_ERROR_MASKED_METRIC_KEY

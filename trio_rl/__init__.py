@@ -9,10 +9,10 @@ fakes for tests in :mod:`trio_rl.testing`.
 
 from .asyncio_bridge import BridgeMode, DualSamplingClient, runs_on
 from .backends.protocol import Backend, PendingResult, SamplingClient, Tokenizer, TrainingClient
+from .base.determinism import derive_seed
 from .config import AsyncConfig, Config, StreamMinibatchConfig
 from .errors import ConfigError, EvaluationTimeoutError, GroupFailedError
 from .loop.checkpoints import CheckpointLog, CheckpointRecord
-from .loop.determinism import derive_seed
 from .loop.evaluation import SamplingClientEvaluator
 from .loop.gc_policy import tune_gc_for_training
 from .loop.oldest_first import OldestFirst

@@ -14,23 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from .config import Config
+if TYPE_CHECKING:
+    from .config import Config
 
 COOKBOOK_ASYNC_LOSS = "stable_reinforce"
 """tinker-cookbook 0.6.1's ``AsyncConfig.loss_fn`` default, for backends that name none of their own."""
-
-
-def in_process_async_loss() -> tuple[str, dict[str, float]]:
-    """The in-process backends' loss for ``AsyncConfig.loss_fn=None``: ``importance_sampling`` with token TIS.
-
-    LocalBackend and HFBackend lack the Tinker service's
-    ``stable_reinforce``. Truncated importance sampling at ``tis_cap=2.0``
-    (SkyRL's default cap for token TIS) keeps the off-policy weighting of the
-    cookbook's ``importance_sampling`` while bounding what one token sampled by
-    much older weights can weigh (:mod:`trio_rl.backends.local.offpolicy`).
-    """
-    return "importance_sampling", {"tis_cap": 2.0}
 
 
 def default_async_loss(backend: object) -> tuple[str, dict[str, float] | None]:

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from .base.jsonl import open_for_append
 from .errors import ConfigError
-from .loop.jsonl import open_for_append
 
 SinkName = Literal["tensorboard", "wandb"]
 """The optional sinks, by the name ``--log-to`` takes."""

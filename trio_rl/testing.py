@@ -29,7 +29,7 @@ import trio
 from tinker import types as tinker_types
 
 from . import _tinker_compat as compat
-from .loop.determinism import derive_seed, settle
+from .base.determinism import derive_seed, settle
 from .types import (
     ActionExtra,
     Env,
@@ -173,7 +173,7 @@ class _FakeSlots:
     Requests that arrive at the same instant are ordered by their key (the
     prompt, sample index, version and seed), not by the order in which Trio
     happened to run their tasks: a request joins the queue only after
-    :func:`~trio_rl.loop.determinism.settle`, once every request of its instant
+    :func:`~trio_rl.base.determinism.settle`, once every request of its instant
     has arrived. A slot freed later goes at once to the head of the queue, so the
     queue only ever holds requests of earlier instants and the order is the same
     whichever task frees the slot.

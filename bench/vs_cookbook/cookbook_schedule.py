@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import longtail_workload as workload
 
 from trio_rl import _tinker_compat as compat
-from trio_rl.loop.determinism import settle
+from trio_rl.base.determinism import settle
 from trio_rl.testing import FakeBackend, FakeSamplingClient
 
 

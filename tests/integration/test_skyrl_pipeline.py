@@ -463,7 +463,7 @@ async def test_pipeline_sampling_seeds_fit_int32(skyrl_server: SkyRLServer) -> N
     a run whose rollout seeds were wider failed at its first sample. This sends
     the seed the pipeline gives the first rollout of a run with seed 0.
     """
-    from trio_rl.loop.determinism import derive_seed
+    from trio_rl.base.determinism import derive_seed
     from trio_rl.rl.rollouts import SamplingPolicy
 
     tokenizer = await server_tokenizer(skyrl_server)

@@ -13,8 +13,8 @@ from typing import Any
 import trio
 
 from ..backends.protocol import TrainingClient
-from .determinism import TRAINER_FIRST, settle
-from .jsonl import DamagedFileError, open_for_append, read_records
+from ..base.determinism import TRAINER_FIRST, settle
+from ..base.jsonl import DamagedFileError, open_for_append, read_records
 from .ledger import DataLedger
 from .weights import LatestWeights
 

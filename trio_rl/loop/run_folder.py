@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.protocol import Backend, TrainingClient
+from ..base.jsonl import DamagedFileError, RunFolderWarning, read_records, rewrite_records
 from ..config import Config
 from ..errors import ConfigError, DatasetTooShortError
 from .checkpoints import CheckpointLog, CheckpointRecord
-from .jsonl import DamagedFileError, RunFolderWarning, read_records, rewrite_records
 from .work import ItemKey
 
 METRICS_FILE = "metrics.jsonl"

@@ -25,7 +25,7 @@ counts or touches the ledger. The pipeline's stages ask it:
   decided?), :meth:`Schedule.stop_waiting_at` (until when, once the data has
   ended?) and then :meth:`Schedule.next_minibatch`.
 
-A schedule holds the groups it kept for one run: :meth:`trio_rl.Config.schedule`
+A schedule holds the groups it kept for one run: :func:`~trio_rl.loop.selected_schedule.schedule_for`
 builds a fresh one for each run. Nothing else in trio_rl asks which mode a run is in.
 """
 
@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..rl.data import split_evenly
+from ..base.splitting import split_evenly
 from .work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 
 
@@ -133,7 +133,7 @@ def _by_order(group: FinishedGroup) -> tuple[int, int]:
 
 
 class Schedule(ABC):
-    """What differs between training modes; built, one per run, by :meth:`trio_rl.Config.schedule`.
+    """What differs between training modes; built, one per run, by :func:`~trio_rl.loop.selected_schedule.schedule_for`.
 
     Args:
         groups_per_step: B, the groups one step trains (sync and stream: the
@@ -156,7 +156,7 @@ class Schedule(ABC):
 
         On-policy, the next version needs the item's own group, so it cannot be
         published while the item starts: the version is fixed, and no
-        :func:`~trio_rl.loop.determinism.settle` is needed to choose it.
+        :func:`~trio_rl.base.determinism.settle` is needed to choose it.
         """
         return self.staleness_limit == 0
 

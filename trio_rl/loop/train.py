@@ -15,29 +15,26 @@ import trio
 from ..async_loss import with_async_loss
 from ..asyncio_bridge import open_user_code_runner
 from ..backends.protocol import Backend, SamplingClient, TrainingClient
-from ..config import Config
-from ..config_checks import check_inflight_on_backend, check_loss_on_backend
+from ..base.jsonl import RunFolderWarning, read_records
+from ..config import Config, check_inflight_on_backend, check_loss_on_backend
 from ..errors import one_per_fault
 from ..rl.rollouts import ParamsPerCall
-from ..rl.step_metrics import RunCounts
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
 from .checkpoints import CheckpointKeeper, CheckpointLog, CheckpointRecord
 from .evaluation import SamplingClientEvaluator
 from .gate import ConsumptionGate
 from .items import DatasetItems
-from .jsonl import RunFolderWarning, read_records
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
-from .pipeline import (
-    Evaluation,
-    RolloutSettings,
-    Run,
-    TrainerOutcome,
-    TrainerSettings,
-    run_pipeline,
-)
+from .pipeline import run_pipeline
 from .schedules import Schedule
+from .selected_schedule import schedule_for
+from .stages.evaluator import Evaluation
+from .stages.run import Run
+from .stages.trainer import TrainerOutcome, TrainerSettings
+from .stages.workers import RolloutSettings
+from .step_metrics import RunCounts
 from .step_runner import StepRunner, publish_weights
 from .weights import LatestWeights
 
@@ -234,7 +231,7 @@ def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, li
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
     return Run(
         start_step=begin.step,
-        schedule=config.schedule(first_batch_size),
+        schedule=schedule_for(config, first_batch_size),
         weights=LatestWeights(),
         ledger=DataLedger(begin.cursor, begin.owed),
         gate=ConsumptionGate(),

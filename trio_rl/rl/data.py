@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
 from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
-
-T = TypeVar("T")
 
 PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
 """Losses that read a Datum's provenance (which sampled sequence each token came from)."""
@@ -234,15 +232,3 @@ def without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
         return datum
     inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k != MASK_KEY}
     return compat.with_loss_fn_inputs(datum, inputs)
-
-
-def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
-    """Split ``items`` into ``parts`` contiguous chunks whose sizes differ by at most one."""
-    size, extra = divmod(len(items), parts)
-    chunks: list[list[T]] = []
-    start = 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(list(items[start:end]))
-        start = end
-    return chunks

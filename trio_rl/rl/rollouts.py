@@ -41,8 +41,8 @@ from tinker import types as tinker_types
 from .. import _tinker_compat as compat
 from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient, token_versions
+from ..base.determinism import derive_seed, settle
 from ..errors import EmptyGroupError, GroupFailedError
-from ..loop.determinism import derive_seed, settle
 from ..types import (
     ActionExtra,
     Env,

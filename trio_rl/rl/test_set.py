@@ -6,8 +6,8 @@ import trio
 from tinker import types as tinker_types
 
 from ..backends.protocol import SamplingClient
+from ..base.determinism import derive_seed
 from ..errors import GroupFailedError
-from ..loop.determinism import derive_seed
 from ..types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from .metrics import trajectory_metrics
 from .rollouts import ErrorStrategy, FailFast, ParamsPerCall, SamplingPolicy, TokenPolicy, do_group_rollout

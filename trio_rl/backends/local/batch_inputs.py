@@ -22,7 +22,7 @@ from trio_rl import _tinker_compat
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, REQUIRED_INPUTS
 from trio_rl.backends.local.offpolicy import Correction, parse_correction, weight_statistics
 from trio_rl.backends.local.prefix_cache import common_prefix_length
-from trio_rl.rl.reduced_metrics import add_reduced
+from trio_rl.base.reduced_metrics import add_reduced
 
 
 def as_array(value: object) -> np.ndarray:

@@ -114,6 +114,18 @@ LOSS_FUNCTIONS: dict[str, Callable[[Tensor, Mapping[str, Tensor], Mapping[str, f
 }
 
 
+def default_async_loss() -> tuple[str, dict[str, float]]:
+    """The in-process backends' loss for ``AsyncConfig.loss_fn=None``: ``importance_sampling`` with token TIS.
+
+    LocalBackend and HFBackend lack the Tinker service's
+    ``stable_reinforce``. Truncated importance sampling at ``tis_cap=2.0``
+    (SkyRL's default cap for token TIS) keeps the off-policy weighting of the
+    cookbook's ``importance_sampling`` while bounding what one token sampled by
+    much older weights can weigh (:mod:`.offpolicy`).
+    """
+    return "importance_sampling", {"tis_cap": 2.0}
+
+
 def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None, backend: str = "LocalBackend") -> None:
     """Reject an unsupported loss or a config key the loss does not read.
 

@@ -29,8 +29,8 @@ The trained tokens are those the loss can reach: a nonzero advantage (and a
 nonzero ``weights`` where the datum has them). Their statistics go into
 ``loss_fn_outputs``' metrics as sums (``:sum``) and maxima (``:max``), so that
 the loop can add them over the several ``forward_backward`` calls of one step
-(:func:`trio_rl.rl.step_metrics.offpolicy_metrics`, with
-:func:`trio_rl.rl.reduced_metrics.add_reduced`).
+(:func:`trio_rl.loop.step_metrics.offpolicy_metrics`, with
+:func:`trio_rl.base.reduced_metrics.add_reduced`).
 """
 
 from __future__ import annotations

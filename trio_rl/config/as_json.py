@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def to_json(config: Any) -> dict[str, Any]:

@@ -11,14 +11,14 @@ import numpy as np
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
-from ..loop.work import FinishedGroup
+from ..base.reduced_metrics import add_reduced
+from ..rl.data import MASK_KEY
+from ..rl.metrics import summary_metrics
 from ..types import Metrics
-from .data import MASK_KEY
-from .metrics import summary_metrics
-from .reduced_metrics import add_reduced
+from .work import FinishedGroup
 
 if TYPE_CHECKING:
-    from ..loop.step_runner import TrainedStep
+    from .step_runner import TrainedStep
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,32 @@
+"""What every stage of one run shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gate import ConsumptionGate
+from ..ledger import DataLedger
+from ..metrics_log import MetricsLog
+from ..schedules import Schedule
+from ..weights import LatestWeights
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every stage of one run shares; built by :func:`trio_rl.train`.
+
+    Attributes:
+        start_step: the step this run starts at (0, or the step resumed from).
+        schedule: the mode's decisions (one fresh schedule per run).
+        weights: the newest sampling client; the trainer publishes, the workers read.
+        ledger: the items handed out and not yet trained or dropped (the trainer's).
+        gate: the groups the trainer has consumed, which the dataloader waits on.
+        metrics: the run's ``metrics.jsonl``.
+    """
+
+    start_step: int
+    schedule: Schedule
+    weights: LatestWeights
+    ledger: DataLedger
+    gate: ConsumptionGate
+    metrics: MetricsLog

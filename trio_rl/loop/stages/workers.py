@@ -1,0 +1,187 @@
+"""The rollout workers: the pool the dataloader hands items to, and what one worker does with an item."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import trio
+
+from ...backends.protocol import SamplingClient
+from ...base.determinism import derive_seed, settle
+from ...errors import NonFiniteError, stops_the_run
+from ...rl.data import assemble_training_data
+from ...rl.kl import reference_logprob_diffs
+from ...rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
+from ...rl.summary import GroupSummary
+from ...types import TrajectoryGroup
+from ..channels import closed_unless_crashed, send_downstream
+from ..schedules import Schedule
+from ..weights import LatestWeights
+from ..work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
+from .run import Run
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What a rollout worker needs to sample a group and turn it into training data."""
+
+    seed: int
+    sampling_params: ParamsPerCall
+    error_strategy: ErrorStrategy
+    loss_fn: str
+    max_workers: int | None = None
+    """The most rollout workers at once (None: as many as items in flight)."""
+    reference: SamplingClient | None = None
+    """The KL penalty's reference model, when there is one."""
+
+
+class WorkerPool:
+    """Rollout workers, started only when an item finds no idle worker.
+
+    So a run has as many workers as it has items in flight at once, however
+    large its staleness limit: admission bounds the items, the items bound the
+    workers. The dataloader owns the pool and closes it when it is done.
+    """
+
+    def __init__(
+        self,
+        items_send: trio.MemorySendChannel[WorkItem],
+        items_recv: trio.MemoryReceiveChannel[WorkItem],
+        groups_send: trio.MemorySendChannel[Delivery],
+        settings: RolloutSettings,
+        run: Run,
+    ) -> None:
+        self._items_send = items_send
+        self._items_recv = items_recv
+        self._groups_send = groups_send
+        self._settings = settings
+        self._schedule = run.schedule
+        self._weights = run.weights
+        self._max = math.inf if settings.max_workers is None else settings.max_workers
+        self._nursery: trio.Nursery | None = None
+        self._started = 0
+
+    def start_in(self, nursery: trio.Nursery) -> None:
+        """Start workers in ``nursery`` from now on."""
+        self._nursery = nursery
+
+    async def hand_out(self, item: WorkItem) -> None:
+        """Give ``item`` to an idle worker, starting one if none is idle and the limit allows."""
+        try:
+            self._items_send.send_nowait(item)
+            return
+        except trio.WouldBlock:
+            pass
+        if self._started < self._max:
+            assert self._nursery is not None, "start_in() before hand_out()"
+            self._started += 1
+            self._nursery.start_soon(
+                rollout_worker,
+                self._items_recv.clone(),
+                self._groups_send.clone(),
+                self._settings,
+                self._schedule,
+                self._weights,
+            )
+        await send_downstream(self._items_send, item)
+
+    def closed_unless_crashed(self) -> AbstractContextManager[None]:
+        """Close the pool's channel ends (the workers hold clones of them) when the dataloader is done."""
+        return closed_unless_crashed(self._items_send, self._items_recv, self._groups_send)
+
+
+async def rollout_worker(
+    items: trio.MemoryReceiveChannel[WorkItem],
+    groups: trio.MemorySendChannel[Delivery],
+    settings: RolloutSettings,
+    schedule: Schedule,
+    weights: LatestWeights,
+) -> None:
+    """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
+    with closed_unless_crashed(items, groups):
+        async for item in items:
+            await send_downstream(groups, await run_work_item(item, settings, schedule, weights))
+
+
+async def run_work_item(
+    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
+) -> Delivery:
+    """Roll out one item; a group that fails under a tolerant strategy becomes a :class:`SkippedGroup`.
+
+    Under ``FailFast`` (which catches nothing) the failure propagates and ends
+    the run. Building the training data is not part of the rollout: its
+    errors always propagate.
+    """
+    try:
+        rolled = await _roll_out(item, settings, schedule, weights)
+    except Exception as failure:
+        if not settings.error_strategy.catches_group_errors or stops_the_run(failure):
+            raise
+        return SkippedGroup(item, failure, list(getattr(failure, "errors", [])))
+    if isinstance(rolled, AbandonedGroup):
+        return rolled
+    version, group = rolled
+    summary = GroupSummary.of(group)
+    # Outside the try: a non-finite reward ends the run under every strategy.
+    _check_finite_rewards(item, version, summary.total_rewards)
+    # Advantages are centred within the group, so its data can be built here,
+    # while other groups are still sampling, instead of on the trainer's path.
+    data = assemble_training_data([group], settings.loss_fn)
+    # Scored here, beside the other groups' sampling, so the trainer only adds.
+    diffs = None if settings.reference is None else await reference_logprob_diffs(settings.reference, data)
+    # From here on the group is its data and a summary: its trajectories are
+    # dropped rather than held (and walked by the collector) until its step.
+    return FinishedGroup(item, version, summary, list(item.builder.logging_tags()), data, diffs, trio.current_time())
+
+
+async def _roll_out(
+    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
+) -> tuple[int, TrajectoryGroup] | AbandonedGroup:
+    """Make the envs, wait for fresh-enough weights, roll out the group."""
+    # Envs are made before waiting for weights, so the group is ready to sample
+    # the moment the trainer publishes.
+    async with group_envs(item.builder) as envs:
+        await weights.wait_for(item.min_version)
+        if not schedule.samples_exact_version:
+            # Which weights a rollout uses must not depend on which of the tasks
+            # due at this instant (the trainer publishing among them) ran first.
+            await settle()
+        version, client = weights.latest()
+        identity = (settings.seed, item.key.batch, item.key.group, item.attempt)
+
+        def policy_for(env_index: int, attempt: int) -> TokenPolicy:
+            return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
+
+        group: TrajectoryGroup | None = None
+        with _given_up_when_stale(schedule, weights, version):
+            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
+    if group is None:  # given up as stale
+        return AbandonedGroup(item, version)
+    return version, group
+
+
+def _given_up_when_stale(schedule: Schedule, weights: LatestWeights, version: int) -> AbstractContextManager[object]:
+    """A scope that the weights cancel once a rollout from ``version`` is too stale to train on.
+
+    Where the schedule never gives up a rollout, no scope is entered (thousands
+    of waiting rollouts would each hold one).
+    """
+    expiry = schedule.gives_up_at(version)
+    if expiry is None:
+        return nullcontext()
+    stale = trio.CancelScope()
+    weights.cancel_at(expiry, stale)
+    return stale
+
+
+def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:
+    bad = [(i, r) for i, r in enumerate(rewards) if not math.isfinite(r)]
+    if bad:
+        index, reward = bad[0]
+        raise NonFiniteError(
+            f"group {item.key.group} of dataset batch {item.key.batch} (sampled from the weights of step {version}) "
+            f"has a non-finite total reward {reward} for trajectory {index}; nothing was trained on it"
+        )
