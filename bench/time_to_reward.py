@@ -158,6 +158,29 @@ def _summarise(records: list[dict[str, Any]], arrivals: dict[int, float], wall: 
     }
 
 
+def run_folder(results: Path, mode: str, seed: int) -> Path:
+    """Where a run of ``mode`` and ``seed`` keeps its folder, beside the results file."""
+    return results.parent / "runs" / f"{mode.replace(' ', '_').replace('=', '')}-s{seed}"
+
+
+def weight_statistics(results: Path, runs: list[dict[str, Any]]) -> str:
+    """The mean over the runs' steps of ``offpolicy/corrected_frac``, ``ess`` and ``is_weight_max``, from their
+    ``metrics.jsonl`` (``-`` where the folders are gone)."""
+    values: dict[str, list[float]] = {"corrected_frac": [], "ess": [], "is_weight_max": []}
+    for run in runs:
+        path = run_folder(results, run["mode"], run["seed"]) / "metrics.jsonl"
+        if not path.exists():
+            return "-"
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            for key, found in values.items():
+                if f"offpolicy/{key}" in record:
+                    found.append(float(record[f"offpolicy/{key}"]))
+    if not values["ess"]:
+        return "-"
+    return " / ".join(f"{mean(found):.3g}" for found in values.values())
+
+
 def _rotated(modes: list[str], seed: int) -> list[str]:
     shift = seed % len(modes)
     return modes[shift:] + modes[:shift]
@@ -172,7 +195,7 @@ def run_sweep(options: argparse.Namespace) -> None:
         raise SystemExit(f"unknown modes {unknown}; choose from {list(MODES)}")
     for seed in options.seeds:
         for mode in _rotated(modes, seed):
-            folder = out.parent / "runs" / f"{mode.replace(' ', '_').replace('=', '')}-s{seed}"
+            folder = run_folder(out, mode, seed)
             load_before = os.getloadavg()
             summary = trio.run(_one_run, mode, seed, folder, options)
             line = {
@@ -217,6 +240,7 @@ def report(options: argparse.Namespace) -> None:
     header = ["mode", "seeds", "s/run"]
     header += [f"eval>={t}" for t in THRESHOLDS["eval/reward"]] + [f"train>={t}" for t in THRESHOLDS["train/reward"]]
     header += ["final eval reward", "final exact", "last-10 train reward", "token lag"]
+    header += ["corrected / ESS / max w"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for mode in modes:
@@ -228,6 +252,7 @@ def report(options: argparse.Namespace) -> None:
         trains = [mean(r["train_reward"][-10:]) for r in runs]
         cells += [f"{mean(v):.3f} ± {_se(v):.3f}" for v in (finals, exact, trains)]
         cells.append(f"{mean(r['token_lag_mean'] for r in runs):.2f}")
+        cells.append(weight_statistics(Path(options.results), runs))
         print("| " + " | ".join(cells) + " |")
     if options.plot:
         _plot(lines, modes, Path(options.plot))
