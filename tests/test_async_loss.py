@@ -79,3 +79,12 @@ async def test_a_bad_correction_in_the_default_loss_fails_before_any_work(tmp_pa
             await trio_rl.train(config, dataset=FakeDataset(1, 4), backend=backend)
     assert info.value.field == "async_config.loss_fn"
     assert not (tmp_path / "run").exists()
+
+
+def test_the_command_lines_backend_wrapper_resolves_as_the_backend_it_wraps(tmp_path: Path) -> None:
+    from trio_rl.async_loss import default_async_loss
+    from trio_rl.cli.backend import LazyTokenizer, _BindTokenizer
+
+    local = _BindTokenizer(LocalBackend(log_dir=tmp_path / "backend"), LazyTokenizer())
+    assert default_async_loss(local) == ("importance_sampling", {"tis_cap": 2.0})
+    assert default_async_loss(_BindTokenizer(FakeBackend(), LazyTokenizer())) == ("stable_reinforce", None)
