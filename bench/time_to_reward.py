@@ -280,7 +280,7 @@ def _plot(lines: list[dict[str, Any]], modes: list[str], path: Path) -> None:
     axes = figure.subplots()
     horizon = max(max(r["eval_times"]) for r in lines)
     grid = [horizon * i / 100 for i in range(101)]
-    for mode in modes:
+    for index, mode in enumerate(modes):
         runs = [r for r in lines if r["mode"] == mode]
         # Each run's curve holds its last evaluation until the next; past its end it is left out.
         curves = [[_held(r["eval_times"], r["eval_reward"], t) for t in grid] for r in runs]
@@ -289,7 +289,9 @@ def _plot(lines: list[dict[str, Any]], modes: list[str], path: Path) -> None:
         xs = [t for t, _ in points]
         ys = [mean(v) for _, v in points]
         errors = [_se(v) if len(v) > 1 else 0.0 for _, v in points]
-        (line,) = axes.plot(xs, ys, label=f"{mode} ({len(runs)} seeds)")
+        # Matplotlib's colour cycle has 10 colours: the modes after them are dashed.
+        style = "-" if index < 10 else "--"
+        (line,) = axes.plot(xs, ys, style, label=f"{mode} ({len(runs)} seeds)")
         axes.fill_between(
             xs,
             [y - e for y, e in zip(ys, errors, strict=True)],
