@@ -35,10 +35,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import asyncio_envs  # noqa: E402  (an asyncio-only module, as cookbook code is)
-from trio_rl import Config, DualSamplingClient, train  # noqa: E402
-from trio_rl.asyncio_bridge import call_user, open_user_code_runner  # noqa: E402
-from trio_rl.testing import FakeBackend, FakeDataset  # noqa: E402
+from tests import asyncio_envs
+from trio_rl import Config, DualSamplingClient, train
+from trio_rl.asyncio_bridge import call_user, open_user_code_runner
+from trio_rl.testing import FakeBackend, FakeDataset
 
 
 async def trio_flavoured() -> int:

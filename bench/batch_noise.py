@@ -67,7 +67,7 @@ def main() -> None:
                 b32 = batched.to(torch.float32).numpy().view(np.int32)
                 differ += int((a32 != b32).sum())
                 total += a32.size
-        print(f"{str(dtype):14s} max |alone - batched| = {max_diff:.3e}; "
+        print(f"{dtype!s:14s} max |alone - batched| = {max_diff:.3e}; "
               f"float32-rounded logprobs not bit-identical: {differ}/{total}")
 
 

@@ -39,8 +39,8 @@ from tinker import types as tinker_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tests.integration.tiny_model import build_tiny_model  # noqa: E402
-from trio_rl.backends.hf import SMOLLM2, HFBackend, HFSamplingClient, HFTrainingClient  # noqa: E402
+from tests.integration.tiny_model import build_tiny_model
+from trio_rl.backends.hf import SMOLLM2, HFBackend, HFModelSettings, HFSamplingClient, HFTrainingClient
 
 CONCURRENCY = (1, 8, 64)
 MAX_TOKENS = 32
@@ -148,7 +148,8 @@ async def _snapshots(trainer: HFTrainingClient, log_dir: Path, steps: int = 12) 
 
 
 async def bench_model(name: str, base_model: str, args: argparse.Namespace, log_dir: Path) -> None:
-    async with HFBackend(log_dir=log_dir, device=args.device, num_threads=args.threads) as backend:
+    model = HFModelSettings(device=args.device)
+    async with HFBackend(log_dir=log_dir, num_threads=args.threads, model=model) as backend:
         start = time.perf_counter()
         trainer = await backend.create_training_client(base_model=base_model, lora_rank=16, seed=0)
         load_s = time.perf_counter() - start

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pipeline as bench  # noqa: E402
+import pipeline as bench
 
 RUN_CELL = """
 import sys, tempfile

@@ -49,7 +49,7 @@ import trio
 import trio.testing
 
 from trio_rl import AsyncConfig, Config, train
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSequence
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplerModel, FakeSequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import longtail_workload as workload
@@ -84,11 +84,13 @@ def modes(ks: list[int], policies: list[str]) -> dict[str, dict[str, Any]]:
 def make_backend(draw: int = 0, record_calls: bool = True) -> FakeBackend:
     """The workload's sampler and trainer."""
     return FakeBackend(
-        sample_slots=workload.SAMPLE_SLOTS,
-        token_latency=workload.TOKEN_LATENCY_S,
-        response_length=functools.partial(workload.response_length, draw=draw),
         train_latency=workload.TRAIN_S,
         record_calls=record_calls,
+        sampler=FakeSamplerModel(
+            slots=workload.SAMPLE_SLOTS,
+            token_latency=workload.TOKEN_LATENCY_S,
+            response_length=functools.partial(workload.response_length, draw=draw),
+        ),
     )
 
 

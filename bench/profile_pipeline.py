@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pipeline as bench  # noqa: E402  (bench/pipeline.py, the work model)
+import pipeline as bench
 
 CATEGORIES = [
     ("trio", ("/trio/", "/outcome/", "sortedcontainers", "/attr/")),

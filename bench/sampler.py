@@ -20,9 +20,9 @@ from tinker import types as tinker_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from trio_rl import _tinker_compat  # noqa: E402
-from trio_rl.backends.local import LocalBackend, ModelConfig  # noqa: E402
-from trio_rl.backends.local.sampler import LocalSamplingClient  # noqa: E402
+from trio_rl import _tinker_compat
+from trio_rl.backends.local import LocalBackend, ModelConfig
+from trio_rl.backends.local.sampler import LocalSamplingClient
 
 CONCURRENCY = (1, 8, 64, 256)
 MAX_TOKENS = 64

@@ -51,7 +51,7 @@ from trio_rl import (
     Trajectory,
     derive_seed,
 )
-from trio_rl.cli import CommonArgs, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Reporting, make_config, parse_args, run_cli
 
 # ---------------------------------------------------------------- configuration
 
@@ -240,10 +240,12 @@ def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
         dataset=dataset,
         backend=backend,
         evaluators=evaluators,
-        curve_keys=("eval/accuracy", "eval/is_number"),
-        progress=args.progress,
-        progress_every=args.progress_every,
-        debug=args.debug,
+        reporting=Reporting(
+            curve_keys=("eval/accuracy", "eval/is_number"),
+            progress=args.progress,
+            progress_every=args.progress_every,
+            debug=args.debug,
+        ),
     )
 
 

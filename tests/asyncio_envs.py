@@ -58,7 +58,7 @@ class GatheringEnv(Env):
         self.delay = delay
         self.gate = gate
 
-    async def initial_observation(self) -> tuple[Observation, StopCondition]:
+    async def initial_observation(self) -> tuple[Observation, StopCondition] | InitialObservationOverflow:
         await asyncio.sleep(0)
         return compat.model_input_from_ints([1 + self.key[0], 2 + self.key[1], 3 + self.key[2]]), [0]
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, TrainResult, train
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEvaluator
+from trio_rl.loop.evaluation import SamplingClientEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset
 
 RUN_DEADLINE_S = 10_000.0
 """Virtual seconds after which a run counts as hung; under autojump this fails at once."""
@@ -33,7 +35,7 @@ async def run_fake(
     config: Config,
     dataset: FakeDataset,
     backend: FakeBackend | None = None,
-    evaluators: tuple[FakeEvaluator, ...] = (),
+    evaluators: Sequence[SamplingClientEvaluator] = (),
 ) -> TrainResult:
     backend = backend or FakeBackend(sample_latency=1.0, train_latency=0.5)
     with trio.fail_after(RUN_DEADLINE_S):

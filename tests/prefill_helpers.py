@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+import trio
+from tinker import types as tinker_types
 
 
 def count_prefilled_tokens(sampler: Any) -> list[list[int]]:
@@ -18,3 +22,18 @@ def count_prefilled_tokens(sampler: Any) -> list[list[int]]:
 
     engine._prefill_prompts = counted
     return passes
+
+
+async def sample_each(
+    sample: Callable[[list[int], int], Awaitable[tinker_types.SampleResponse]], prompts: Sequence[list[int]], seed: int
+) -> list[tinker_types.SampleResponse]:
+    """``sample(prompts[i], seed + i)`` for every prompt at once (one wave of requests); the responses in order."""
+    got: dict[int, tinker_types.SampleResponse] = {}
+
+    async def one(i: int) -> None:
+        got[i] = await sample(prompts[i], seed + i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(one, i)
+    return [got[i] for i in range(len(prompts))]

@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+from tinker import types as tinker_types
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl import AsyncConfig, Config, ConfigError, train
+from trio_rl import _tinker_compat as compat
 from trio_rl.async_loss import with_async_loss
 from trio_rl.backends.local import LocalBackend
 from trio_rl.testing import FakeBackend, FakeDataset
@@ -89,7 +91,7 @@ def test_stable_reinforce_on_an_sdk_without_it_names_the_sdk_and_the_version_it_
 
     # tinker 0.24.1's LossFnType: no stable_reinforce.
     monkeypatch.setattr(config_checks, "LOSS_FNS", ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro"))
-    monkeypatch.setattr(config_checks.compat, "SDK_VERSION", "tinker 0.24.1")
+    monkeypatch.setattr(compat, "SDK_VERSION", "tinker 0.24.1")
     config = with_async_loss(Config(log_path=tmp_path, async_config=AsyncConfig(1, 4)), object())
     with pytest.raises(
         ConfigError, match=re.escape("needs the tinker SDK 0.38 or later; the installed tinker 0.24.1")
@@ -131,13 +133,13 @@ async def test_stable_reinforce_data_carries_provenance_on_every_datum(
     log_path: Path, autojump_clock: MockClock
 ) -> None:
     from trio_rl.loop import step_runner
+    from trio_rl.rl.data import without_mask
 
     sent: list[object] = []
-    original = step_runner.without_mask
 
-    def spy(datum: object) -> object:
+    def spy(datum: tinker_types.Datum) -> tinker_types.Datum:
         sent.append(datum)
-        return original(datum)  # type: ignore[arg-type]
+        return without_mask(datum)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(step_runner, "without_mask", spy)

@@ -18,7 +18,7 @@ import trio.testing
 from tests import asyncio_envs
 from tests.asyncio_envs import AsyncioDataset, AsyncioEvaluator, FailingEnv, OverflowingEnv
 from tests.conftest import read_jsonl
-from tests.pipeline_helpers import MODES, RUN_DEADLINE_S, make_config
+from tests.pipeline_helpers import RUN_DEADLINE_S, make_config
 from trio_rl import AsyncConfig, ConfigError, DualSamplingClient, RolloutError, StepResult, TrainResult, runs_on, train
 from trio_rl.asyncio_bridge import UserCodeRunner, call_user, flavour_of, open_user_code_runner
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
@@ -305,7 +305,7 @@ def test_cookbook_type_signatures() -> None:
     assert step.logs == {"guess": "12"} and step.metrics == {}
 
 
-def test_only_the_bridge_module_imports_asyncio() -> None:
+def _imports_outside_cookbook(roots: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
     import ast
 
     import trio_rl
@@ -313,12 +313,25 @@ def test_only_the_bridge_module_imports_asyncio() -> None:
     package = Path(trio_rl.__file__).parent
     offenders = []
     for path in sorted(package.rglob("*.py")):
-        if path.name == "asyncio_bridge.py":
+        relative = path.relative_to(package)
+        if relative.parts[0] == "cookbook" or relative.name in allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            if any(n.split(".")[0] in ("asyncio", "trio_asyncio") for n in names):
-                offenders.append(f"{path.relative_to(package)}:{node.lineno}")
-    assert offenders == []
+            if any(n.split(".")[0] in roots for n in names):
+                offenders.append(f"{relative}:{node.lineno}")
+    return offenders
+
+
+def test_only_the_bridge_module_and_the_cookbook_package_import_asyncio() -> None:
+    assert _imports_outside_cookbook(("asyncio", "trio_asyncio"), allowed=("asyncio_bridge.py",)) == []
+
+
+def test_only_the_cookbook_package_imports_tinker_cookbook() -> None:
+    assert _imports_outside_cookbook(("tinker_cookbook",), allowed=()) == []
+    # types.py makes RLDatasetBuilder a chz class when chz happens to be installed (guarded import).
+    assert _imports_outside_cookbook(("chz",), allowed=("types.py",)) == []

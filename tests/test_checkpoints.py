@@ -10,13 +10,13 @@ from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import CheckpointLog
-from trio_rl.testing import FakeBackend, FakeDataset
+from trio_rl.testing import FakeBackend, FakeDataset, FakeLatencies
 
 # Steps take 1.5 s (1 s sampling, 0.5 s training); save_state takes 5.5 s.
 
 
 def slow_save_backend() -> FakeBackend:
-    return FakeBackend(sample_latency=1.0, train_latency=0.5, save_latency=0.0, state_latency=5.5)
+    return FakeBackend(sample_latency=1.0, train_latency=0.5, latencies=FakeLatencies(save=0.0, state=5.5))
 
 
 async def test_a_cancel_save_slower_than_cancel_save_timeout_is_given_up_unrecorded(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
-import dataclasses
 import signal
 import subprocess
 import sys
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import read_jsonl
 from trio_rl import Config
-from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, make_config, parse_args, run_cli
+from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, Reporting, make_config, parse_args, run_cli
 from trio_rl.loop.checkpoints import CheckpointLog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,9 @@ def test_a_config_error_raised_inside_the_run_prints_its_message(tmp_path: Path)
 
     out = io.StringIO()
     config = Config(log_path=tmp_path, stream_minibatch_config=StreamMinibatchConfig(4, 2))
-    code = run_cli(config, dataset=FakeDataset(num_batches=2, batch_size=2), backend=FakeBackend(), out=out)
+    code = run_cli(
+        config, dataset=FakeDataset(num_batches=2, batch_size=2), backend=FakeBackend(), reporting=Reporting(out=out)
+    )
     assert code == EXIT_CONFIG_ERROR
     assert out.getvalue() == (
         "error: stream_minibatch_config.groups_per_batch: is 4 but the dataset's batches hold 2 groups; make them equal\n"
@@ -125,9 +127,7 @@ def test_the_last_line_reports_the_final_evaluation(tmp_path: Path) -> None:
         dataset=FakeDataset(3, 2),
         backend=FakeBackend(),
         evaluators=(FakeEvaluator(),),
-        curve_keys=("test/version",),
-        progress=False,
-        out=out,
+        reporting=Reporting(curve_keys=("test/version",), progress=False, out=out),
     )
     assert code == 0
     # The final evaluation is a record of its own; the summary still finds it.

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from trio_rl import Config, KLReferenceConfig
+from trio_rl import Config, KLReferenceConfig, TerminationRewardPolicy
+from trio_rl.cli.config_flags import NOT_FLAGS
 from trio_rl.config import LOSS_FNS, AsyncConfig, StreamMinibatchConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -89,17 +90,20 @@ def _help_text(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     return "\n".join(line.strip("│╭╮╰╯─").rstrip() for line in text.splitlines())
 
 
-STRUCTURED = {"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config"}
-"""Config's fields that the run's flags build (--mode, --error-strategy, --kl-reference-model)."""
+STRUCTURED = NOT_FLAGS
+"""Config's fields that are no flag of their own: the run's flags build them (--mode, --error-strategy,
+--kl-reference-model), or, for termination, only code sets them."""
 
 
 def flag_names(args: type) -> list[str]:
-    """Every flag an example's Args should offer: its own fields, and each Config field but the structured ones."""
-    own = [f.name for f in dataclasses.fields(args) if f.name != "config"]
+    """Every flag an example's Args should offer: its own fields, each Config field but the structured ones,
+    and each AsyncConfig field but the two other flags set (--groups-per-batch, --loss-fn)."""
+    own = [f.name for f in dataclasses.fields(args) if f.name not in ("config", "async_flags")]
     of_config = [
         {"base_model": "model"}.get(f.name, f.name) for f in dataclasses.fields(Config) if f.name not in STRUCTURED
     ]
-    return ["--" + name.replace("_", "-") for name in own + of_config]
+    of_async = [f.name for f in dataclasses.fields(AsyncConfig) if f.name not in ("groups_per_batch", "loss_fn")]
+    return ["--" + name.replace("_", "-") for name in own + of_config + of_async]
 
 
 @pytest.mark.parametrize("example", ["guess_number", "arithmetic"])
@@ -169,6 +173,10 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--asyncio-bridge", "never"], "asyncio_bridge", "never"),
     (["--no-save-on-cancel"], "save_on_cancel", False),
     (["--cancel-save-timeout", "5"], "cancel_save_timeout", 5.0),
+    (["--num-epochs", "3"], "num_epochs", 3),
+    (["--compute-post-kl"], "compute_post_kl", True),
+    (["--rolling-save-every", "2"], "rolling_save_every", 2),
+    (["--zero-reward-on-limit"], "termination", TerminationRewardPolicy(zero_reward_on_limit=True)),
 ]  # fmt: skip
 
 

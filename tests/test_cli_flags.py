@@ -15,11 +15,12 @@ import pytest
 
 from trio_rl import AsyncConfig, Config, FailFast
 from trio_rl.cli import CommonArgs, field_docs, make_backend, make_config, parse_args
+from trio_rl.cli.config_flags import NOT_FLAGS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2, "progress": False}
 WITH_CONFIG = ["arithmetic", "guess_number", "embedding", "smollm2_addition"]
-STRUCTURED = {"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config"}
+STRUCTURED = NOT_FLAGS
 
 
 def load(name: str) -> ModuleType:
@@ -28,7 +29,7 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def help_entries(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict:
+def help_entries(module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
     """Each flag of the example's ``--help`` and what follows it, unwrapped onto one line."""
     monkeypatch.setenv("COLUMNS", "120")  # one column of option groups
     with pytest.raises(SystemExit) as stop:
@@ -97,19 +98,19 @@ BEFORE: dict[str, dict[str, Any]] = {
         "log_path": "runs/arithmetic", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 600, "eval_every": 50,
         "save_every": 100, "save_on_cancel": True,
         "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
-                         "loss_fn": "importance_sampling", "inflight_weights": False},
+                         "loss_fn": "importance_sampling", "inflight_weights": False, "sampling_steps_ahead": None},
     },
     "guess_number": {
         "log_path": "runs/guess_number", "learning_rate": 2e-3, "loss_fn": "ppo", "max_tokens": 2, "max_steps": 150,
         "eval_every": 25, "save_every": 50, "save_on_cancel": True,
         "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 8, "staleness": "oldest_first",
-                         "loss_fn": "ppo", "inflight_weights": False},
+                         "loss_fn": "ppo", "inflight_weights": False, "sampling_steps_ahead": None},
     },
     "embedding": {
         "log_path": "runs/embedding", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 1000, "eval_every": 0,
         "save_every": 100, "save_on_cancel": True,
         "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
-                         "loss_fn": "importance_sampling", "inflight_weights": False},
+                         "loss_fn": "importance_sampling", "inflight_weights": False, "sampling_steps_ahead": None},
     },
     "smollm2_addition": {
         "log_path": "runs/smollm2_addition", "base_model": "SmolLM2-135M-Instruct", "learning_rate": 2e-4,
@@ -119,7 +120,7 @@ BEFORE: dict[str, dict[str, Any]] = {
 """Each example's Config from no flags when its flags were declared apart from Config (commit 278de5e), but for
 issue 20: the async mode carries the example's loss into AsyncConfig.loss_fn, and rollout_error_tolerance is
 Config's default None (FailFast for these models, as before), and issue 22 adds AsyncConfig.inflight_weights
-(default off)."""
+(default off), and issue 31 AsyncConfig.sampling_steps_ahead (None once constructed: K is max_steps_off_policy)."""
 
 
 @pytest.mark.parametrize("example", WITH_CONFIG)

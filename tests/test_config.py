@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trio.testing import MockClock
@@ -26,7 +27,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
     [
         ({"async_config": AsyncConfig(-1, 4)}, "async_config.max_steps_off_policy", "K must be >= 0"),
         ({"async_config": AsyncConfig(1, 0)}, "async_config.groups_per_batch", "at least 1"),
-        ({"async_config": AsyncConfig(1, 4, staleness="drop")}, "async_config.staleness", "'oldest_first', 'pace' or 'requeue'"),
+        ({"async_config": AsyncConfig(1, 4, staleness="drop")}, "async_config.staleness", "'oldest_first', 'pace' or 'requeue'"),  # type: ignore[arg-type]
         ({"async_config": AsyncConfig(1, 6), "num_substeps": 4}, "async_config.groups_per_batch", "multiple of 4"),
         ({"stream_minibatch_config": StreamMinibatchConfig(4, 3)}, "stream_minibatch_config.groups_per_batch", "multiple of 3"),
         ({"stream_minibatch_config": StreamMinibatchConfig(8, 2)}, "stream_minibatch_config.groups_per_batch", "make them equal"),
@@ -45,7 +46,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
     ],
 )
 async def test_invalid_config_is_rejected_before_any_work(
-    tmp_path: Path, kwargs: dict, field: str, hint: str, autojump_clock: MockClock
+    tmp_path: Path, kwargs: dict[str, Any], field: str, hint: str, autojump_clock: MockClock
 ) -> None:
     backend = FakeBackend()
     with pytest.raises(ConfigError, match=hint) as info:
@@ -97,7 +98,7 @@ def test_default_mode_is_sync_and_async_config_selects_async(tmp_path: Path) -> 
 )
 def test_out_of_range_numbers_are_rejected_naming_the_field(tmp_path: Path, field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"^{field}: "):
-        Config(log_path=tmp_path, **{field: value}).validate()
+        Config(log_path=tmp_path, **{field: value}).validate()  # type: ignore[arg-type]  # any numeric field, by name
 
 
 def test_config_round_trips_through_config_json(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from trio.testing import MockClock
 
 from tests.conftest import read_jsonl
@@ -15,7 +17,7 @@ from trio_rl.testing import FakeBackend, FakeDataset
 COOKBOOK_FIELDS = ("name", "batch", "state_path", "sampler_path", "cumulative_tokens", "discarded_tokens")
 TOKEN_KINDS = {"sampled", "prefill_cached", "prefill_uncached", "trained"}
 
-COOKBOOK_ROW = {
+COOKBOOK_ROW: dict[str, Any] = {
     "name": "000002",
     "batch": 2,
     "state_path": "tinker://fake-run/weights/000002",
@@ -33,7 +35,15 @@ async def test_rows_carry_the_cookbook_fields_then_trio_rls(log_path: Path, auto
     assert [r["batch"] for r in rows] == [2, 3]
     for row in rows:
         assert tuple(row)[:6] == COOKBOOK_FIELDS
-        assert set(row) - set(COOKBOOK_FIELDS) == {"step", "cursor", "outstanding", "final", "reason", "counts", "owed_evaluations"}
+        assert set(row) - set(COOKBOOK_FIELDS) == {
+            "step",
+            "cursor",
+            "outstanding",
+            "final",
+            "reason",
+            "counts",
+            "owed_evaluations",
+        }
         assert set(row["cumulative_tokens"]) == set(row["discarded_tokens"]) == TOKEN_KINDS
         assert row["sampler_path"] == f"fake://sampler/{row['batch']:06d}"
     # The totals are those of the metrics at the same step.
@@ -42,11 +52,18 @@ async def test_rows_carry_the_cookbook_fields_then_trio_rls(log_path: Path, auto
     assert rows[-1]["cumulative_tokens"]["trained"] > 0
 
 
-async def test_a_cookbook_run_folder_resumes_at_its_batch_with_its_token_totals(
-    log_path: Path, autojump_clock: MockClock
-) -> None:
+@pytest.fixture
+def cookbook_run_folder(log_path: Path) -> Path:
+    """A run folder whose only checkpoint row is :data:`COOKBOOK_ROW`, written before the test's Trio run."""
     log_path.mkdir(parents=True)
     (log_path / "checkpoints.jsonl").write_text(json.dumps(COOKBOOK_ROW) + "\n")
+    return log_path
+
+
+async def test_a_cookbook_run_folder_resumes_at_its_batch_with_its_token_totals(
+    cookbook_run_folder: Path, autojump_clock: MockClock
+) -> None:
+    log_path = cookbook_run_folder
     checkpoint = CheckpointLog(log_path).last()
     assert (
         checkpoint is not None and checkpoint.step == 2 and checkpoint.cursor == (2, 0) and checkpoint.outstanding == []

@@ -50,7 +50,17 @@ def test_total_reward_adds_final_group_reward() -> None:
 def test_remove_constant_reward_groups_keeps_only_mixed_groups() -> None:
     mixed = group([1.0, 0.0])
     assert remove_constant_reward_groups([group([1.0, 1.0]), mixed, group([0.0, 0.0])]) == [mixed]
-    assert remove_constant_reward_groups([group([1.0, 1.0])]) == []
+    assert remove_constant_reward_groups([]) == []
+
+
+def test_remove_constant_reward_groups_keeps_the_first_when_every_group_is_constant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tinker-cookbook 0.6.1 (rl/data_processing.py) logs and returns trajectory_groups_P[0:1].
+    first, second = group([1.0, 1.0]), group([0.0, 0.0])
+    with caplog.at_level("WARNING", logger="trio_rl.rl.data"):
+        assert remove_constant_reward_groups([first, second]) == [first]
+    assert "All rewards are uniform" in caplog.text
 
 
 def test_single_turn_datum_is_shifted_and_masks_the_observation() -> None:
@@ -165,11 +175,3 @@ def test_a_datum_none_of_whose_targets_was_sampled_gets_no_provenance() -> None:
     overflow = Transition(ob([1, 2, 3]), TokensWithLogprobs([], [], sequence_id="s1"), 0.0, True)
     (datum,) = trajectory_to_data(Trajectory([overflow], ob([1, 2, 3])), 1.0, loss_fn="stable_reinforce")
     assert datum.loss_fn_input_spans is None
-
-
-def test_an_observation_with_an_image_chunk_is_refused_naming_the_chunk_type() -> None:
-    image = tinker_types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
-    observation = tinker_types.ModelInput(chunks=[tinker_types.EncodedTextChunk(tokens=[1, 2]), image])
-    trajectory = Trajectory([Transition(observation, TokensWithLogprobs([3], [-0.3]), 1.0, True)], ob([1]))
-    with pytest.raises(ValueError, match=r"turn 0: the observation holds an unsupported chunk, ImageChunk \(type 'image'\)"):
-        trajectory_to_data(trajectory, 1.0)

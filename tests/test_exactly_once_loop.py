@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +10,13 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from tests.conftest import read_jsonl
+from tests.conftest import TaskOrder, read_jsonl
 from tests.pipeline_helpers import make_config, run_fake, straggling_group_1
 from trio_rl import RetryOnFailure
 from trio_rl.errors import NonFiniteError
 from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeTrainingClient
+from trio_rl.types import Env, Metrics, Trajectory
 
 
 def _final_records(log_path: Path) -> list[dict[str, Any]]:
@@ -89,8 +90,10 @@ async def test_a_crash_with_save_on_cancel_saves_nothing_and_writes_no_final_row
             batch = original(index)
             if index == 1:
 
-                async def nan_rewards(group: Any, envs: Any) -> list[tuple[float, dict[str, float]]]:
-                    return [(float("nan"), {}) for _ in group]
+                async def nan_rewards(
+                    trajectory_group: list[Trajectory], env_group: Sequence[Env]
+                ) -> list[tuple[float, Metrics]]:
+                    return [(float("nan"), {}) for _ in trajectory_group]
 
                 batch[2].compute_group_rewards = nan_rewards  # type: ignore[method-assign]
             return batch
@@ -139,14 +142,12 @@ async def test_evaluations_due_at_a_cancel_run_after_the_resume(log_path: Path, 
 
 
 def run_with_scheduling_seed(
-    seed: int, mode: str, log_path: Path, **overrides: Any
+    task_order: TaskOrder, seed: int, mode: str, log_path: Path, **overrides: Any
 ) -> tuple[list[dict[str, Any]], str]:
     """One run with Trio's scheduler drawing from ``random.Random(seed)``: its records (less time/*) and checkpoint rows."""
     spec = FakeEnvSpec(fail_at={(b, g): "step" for b in range(5) for g in (0, 3)})
     config = make_config(log_path, mode, rollout_error_tolerance=RetryOnFailure(max_retries=1), **overrides)
-    original = trio._core._run._r  # type: ignore[attr-defined]
-    trio._core._run._r = random.Random(seed)  # type: ignore[attr-defined]
-    try:
+    with task_order(seed):
         trio.run(
             run_fake,
             config,
@@ -154,23 +155,30 @@ def run_with_scheduling_seed(
             FakeBackend(train_latency=1.0),
             clock=MockClock(autojump_threshold=0),
         )
-    finally:
-        trio._core._run._r = original  # type: ignore[attr-defined]
     records = [
         {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(log_path / "metrics.jsonl")
     ]
     return records, (log_path / "checkpoints.jsonl").read_text()
 
 
-def test_skip_counts_in_step_records_do_not_depend_on_trio_task_order(tmp_path: Path) -> None:
+def test_skip_counts_in_step_records_do_not_depend_on_trio_task_order(
+    tmp_path: Path, trio_task_order_from_seed: TaskOrder
+) -> None:
     # Pace at K=1: step 1's groups fail at the same instant as step 0's.
-    runs = [run_with_scheduling_seed(seed, "pace", tmp_path / str(seed))[0] for seed in range(6)]
+    runs = [
+        run_with_scheduling_seed(trio_task_order_from_seed, seed, "pace", tmp_path / str(seed))[0] for seed in range(6)
+    ]
     assert all(records == runs[0] for records in runs)
     assert any(r.get("rollout_errors/groups_skipped") for r in runs[0])
 
 
 @pytest.mark.parametrize("mode", ["sync", "requeue"])
-def test_checkpoint_rows_do_not_depend_on_trio_task_order(tmp_path: Path, mode: str) -> None:
-    rows = [run_with_scheduling_seed(seed, mode, tmp_path / str(seed), save_every=1)[1] for seed in range(6)]
+def test_checkpoint_rows_do_not_depend_on_trio_task_order(
+    tmp_path: Path, mode: str, trio_task_order_from_seed: TaskOrder
+) -> None:
+    rows = [
+        run_with_scheduling_seed(trio_task_order_from_seed, seed, mode, tmp_path / str(seed), save_every=1)[1]
+        for seed in range(6)
+    ]
     assert all(r == rows[0] for r in rows)
     assert rows[0].count("\n") >= 4

@@ -69,7 +69,8 @@ def test_arithmetic_reward_is_exact_or_partial() -> None:
 
     async def reward(text: str, eos: bool = False) -> float:
         tokens = tokenizer.encode(text) + ([tokenizer.eos_token_id] if eos else [])
-        return (await env.step(tokens)).reward
+        reward: float = (await env.step(tokens)).reward
+        return reward
 
     import trio
 
@@ -102,7 +103,7 @@ def test_guess_number_observations_extend_so_an_episode_is_one_datum() -> None:
         ob, _ = await env.initial_observation()
         transitions = []
         for guess in ("3", "7", "5"):
-            action = tokenizer.encode(guess) + [eos]
+            action = [*tokenizer.encode(guess), eos]
             result = await env.step(action)
             assert result.next_observation.to_ints()[: ob.length] == ob.to_ints()
             transitions.append(

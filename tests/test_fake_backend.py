@@ -12,7 +12,7 @@ from trio.testing import MockClock
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import _tinker_compat as compat
 from trio_rl.testing import FakeBackend, FakeDataset
-from trio_rl.types import Env, EnvGroupBuilder, Metrics, Observation, StepResult, StopCondition, Trajectory
+from trio_rl.types import ActionExtra, Env, EnvGroupBuilder, Metrics, Observation, StepResult, StopCondition, Trajectory
 
 
 class OneTokenEnv(Env):
@@ -21,7 +21,7 @@ class OneTokenEnv(Env):
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         return compat.model_input_from_ints([7]), [0]
 
-    async def step(self, action: list[int]) -> StepResult:
+    async def step(self, action: list[int], *, extra: ActionExtra | None = None) -> StepResult:
         return StepResult(
             reward=float(len(action)),
             episode_done=True,

@@ -11,7 +11,14 @@ from tinker import types as tinker_types
 
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.protocol import VersionedSequence, check_inflight_before_work, token_versions
-from trio_rl.testing import FakeBackend, FakeSamplingClient, FakeSequence, FakeTrainingClient
+from trio_rl.testing import (
+    FakeBackend,
+    FakeLatencies,
+    FakeSamplerModel,
+    FakeSamplingClient,
+    FakeSequence,
+    FakeTrainingClient,
+)
 
 DEADLINE_S = 1_000.0
 """Virtual seconds after which a test counts as hung; under autojump this fails at once."""
@@ -21,9 +28,16 @@ def length_from_first_token(prompt: Sequence[int], sample_index: int) -> int:
     return prompt[0]
 
 
-def modelled(**kwargs: object) -> FakeBackend:
+def modelled(slots: int | None = None, latencies: FakeLatencies | None = None) -> FakeBackend:
     """One token per virtual second, each response as long as its prompt's first token."""
-    return FakeBackend(token_latency=1.0, response_length=length_from_first_token, **kwargs)  # type: ignore[arg-type]
+    sampler = FakeSamplerModel(slots=slots, token_latency=1.0, response_length=length_from_first_token)
+    return FakeBackend(sampler=sampler, latencies=latencies)
+
+
+async def inflight_client(backend: FakeBackend) -> tuple[FakeTrainingClient, FakeSamplingClient]:
+    """A training client of ``backend`` and an in-flight sampling client of its version 0."""
+    training = await backend.create_training_client(base_model="fake")
+    return training, await training.save_weights_for_sampler("000000", inflight=True)
 
 
 async def sample(client: FakeSamplingClient, prompt: list[int], num_samples: int = 1) -> tinker_types.SampleResponse:
@@ -51,8 +65,7 @@ def expected_versions(backend: FakeBackend, sequence: FakeSequence, floor: int) 
 
 async def test_a_sequence_spanning_a_publish_carries_both_versions(autojump_clock: trio.testing.MockClock) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     assert client.inflight and client.version == 0
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -72,8 +85,7 @@ async def test_a_publish_at_the_instant_of_a_token_counts_from_the_next_token(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             # Token 2 is produced at exactly 3 s, when version 1 is published.
@@ -86,8 +98,7 @@ async def test_several_publishes_during_one_sequence_each_take_over_in_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
 
     async def publishes() -> None:
         for at in (1.5, 2.5, 6.25):
@@ -117,9 +128,8 @@ async def test_a_request_on_an_older_inflight_client_starts_on_the_newest_weight
 async def test_a_queued_sequence_takes_the_versions_of_when_its_tokens_are_produced(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = modelled(sample_slots=1)
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    backend = modelled(slots=1)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample, client, [4, 1])
@@ -152,8 +162,7 @@ async def test_tokens_and_logprobs_stay_those_of_the_starting_version(autojump_c
     flat, spanning = modelled(), modelled()
     responses = []
     for backend, publish in ((flat, False), (spanning, True)):
-        training = await backend.create_training_client(base_model="fake")
-        client = await training.save_weights_for_sampler("000000", inflight=True)
+        training, client = await inflight_client(backend)
         async with trio.open_nursery() as nursery:
             if publish:
                 nursery.start_soon(publish_at, training, 2.5)
@@ -166,9 +175,8 @@ async def test_tokens_and_logprobs_stay_those_of_the_starting_version(autojump_c
 async def test_a_slow_inflight_save_publishes_when_it_returns_and_a_cancelled_one_never(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = modelled(save_latency=2.0)
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)  # returns at 2 s
+    backend = modelled(latencies=FakeLatencies(save=2.0))
+    training, client = await inflight_client(backend)  # returns at 2 s
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             # Asked at 3 s, published at 5 s; the next, asked at 6 s, is cancelled at 7 s.
@@ -189,8 +197,7 @@ async def test_without_the_sampler_model_every_token_has_the_version_when_it_was
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = FakeBackend(sample_latency=2.0)
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(publish_at, training, 1.0)
@@ -204,7 +211,9 @@ async def test_token_versions_match_the_publish_times_under_random_traffic(
 ) -> None:
     rng = random.Random(7)
     backend = FakeBackend(
-        sample_slots=3, token_latency=0.25, response_length=lambda prompt, i: 1 + (prompt[0] * 7 + i * 3) % 23
+        sampler=FakeSamplerModel(
+            slots=3, token_latency=0.25, response_length=lambda prompt, i: 1 + (prompt[0] * 7 + i * 3) % 23
+        )
     )
     training = await backend.create_training_client(base_model="fake")
     clients = [await training.save_weights_for_sampler("000000", inflight=True)]
@@ -240,8 +249,7 @@ async def test_a_cancelled_sequence_records_the_versions_of_the_tokens_it_produc
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training = await backend.create_training_client(base_model="fake")
-    client = await training.save_weights_for_sampler("000000", inflight=True)
+    training, client = await inflight_client(backend)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(publish_at, training, 2.5)

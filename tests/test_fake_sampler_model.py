@@ -13,10 +13,11 @@ import trio
 import trio.testing
 from tinker import types as tinker_types
 
+from tests.conftest import TaskOrder
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import _tinker_compat as compat
 from trio_rl.base.determinism import derive_seed
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplingClient, FakeSequence
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplerModel, FakeSamplingClient, FakeSequence
 
 DEADLINE_S = 1_000.0
 """Virtual seconds after which a test counts as hung; under autojump this fails at once."""
@@ -56,7 +57,7 @@ def by_prompt(sequences: list[FakeSequence]) -> dict[tuple[int, ...], FakeSequen
 
 
 async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend(sample_slots=2, token_latency=1.0, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=2, token_latency=1.0, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
@@ -70,7 +71,7 @@ async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.tes
 
 
 async def test_waiting_sequences_start_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend(sample_slots=1, token_latency=1.0, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
     arrivals = {(10, 0): 0.0, (1, 1): 3.0, (2, 2): 1.0, (1, 3): 2.0, (1, 4): 2.0}
@@ -95,7 +96,7 @@ async def test_waiting_sequences_start_in_arrival_order(autojump_clock: trio.tes
 async def test_a_free_slot_goes_to_the_first_prompt_of_its_instant_not_the_first_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sample_slots=1, token_latency=1.0, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
@@ -110,7 +111,7 @@ async def test_a_free_slot_goes_to_the_first_prompt_of_its_instant_not_the_first
 async def test_every_sequence_is_recorded_with_its_length_and_token_times(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sample_slots=4, token_latency=0.5, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=4, token_latency=0.5, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
@@ -132,7 +133,7 @@ async def test_every_sequence_is_recorded_with_its_length_and_token_times(
 async def test_a_zero_length_sequence_waits_its_turn_and_holds_no_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sample_slots=1, token_latency=1.0, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
@@ -151,7 +152,7 @@ async def test_a_zero_length_sequence_waits_its_turn_and_holds_no_time(
 async def test_a_cancelled_sequence_frees_its_slot_and_a_cancelled_waiter_takes_none(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sample_slots=1, token_latency=1.0, response_length=length_from_first_token)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
     client = await sampler(backend)
     done: dict[tuple[int, ...], float] = {}
 
@@ -184,14 +185,16 @@ def busy_slots_never_exceed_and_nobody_waits_beside_a_free_slot(sequences: list[
             assert all(busy(t) == slots for t in events if s.requested <= t < s.started), s
 
 
-def run_with_scheduling_seed(seed: int) -> tuple[list[FakeSequence], dict[tuple[int, ...], float]]:
+def run_with_scheduling_seed(
+    task_order: TaskOrder, seed: int
+) -> tuple[list[FakeSequence], dict[tuple[int, ...], float]]:
     """Many requests of one instant competing for 3 slots, with Trio's scheduler seeded by ``seed``."""
     lengths = random.Random(0)
 
     def length(prompt: Sequence[int], sample_index: int) -> int:
         return derive_seed("length", *prompt, sample_index) % 7
 
-    backend = FakeBackend(sample_slots=3, token_latency=0.25, response_length=length)
+    backend = FakeBackend(sampler=FakeSamplerModel(slots=3, token_latency=0.25, response_length=length))
     done: dict[tuple[int, ...], float] = {}
 
     async def main() -> None:
@@ -202,21 +205,17 @@ def run_with_scheduling_seed(seed: int) -> tuple[list[FakeSequence], dict[tuple[
                     at = float(lengths.choice([0, 0, 0.5, 1]))
                     nursery.start_soon(partial(sample_at, passes=i % 3), client, at, [i % 5, i], done)
 
-    original = trio._core._run._r  # type: ignore[attr-defined]
-    trio._core._run._r = random.Random(seed)  # type: ignore[attr-defined]
-    try:
+    with task_order(seed):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        trio._core._run._r = original  # type: ignore[attr-defined]
     return backend.sequences, done
 
 
-def test_slot_order_does_not_depend_on_trio_scheduling_order() -> None:
-    first, first_done = run_with_scheduling_seed(0)
+def test_slot_order_does_not_depend_on_trio_scheduling_order(trio_task_order_from_seed: TaskOrder) -> None:
+    first, first_done = run_with_scheduling_seed(trio_task_order_from_seed, 0)
     assert sum(1 for s in first if s.started > s.requested) >= 10  # the queue was really used
     busy_slots_never_exceed_and_nobody_waits_beside_a_free_slot(first, 3)
     for seed in range(1, 6):
-        sequences, done = run_with_scheduling_seed(seed)
+        sequences, done = run_with_scheduling_seed(trio_task_order_from_seed, seed)
         assert sequences == first
         assert done == first_done
 
@@ -225,7 +224,8 @@ async def test_training_on_the_sampler_model_records_every_rollout(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     backend = FakeBackend(
-        sample_slots=5, token_latency=0.01, train_latency=0.1, response_length=length_from_first_token
+        train_latency=0.1,
+        sampler=FakeSamplerModel(slots=5, token_latency=0.01, response_length=length_from_first_token),
     )
     dataset = FakeDataset(6, 4, FakeEnvSpec(group_size=3))
     config = make_config(tmp_path, "pace", max_tokens=64)
@@ -250,20 +250,20 @@ async def test_without_the_model_sampling_is_unchanged(autojump_clock: trio.test
     for i, sequence in enumerate(response.sequences):
         rng = random.Random(derive_seed(backend.seed, 41, i, 0))
         n = rng.randint(1, 12)
-        assert list(sequence.tokens) == rng.choices(range(backend.vocab_size), k=n)
+        assert list(sequence.tokens) == rng.choices(range(backend.sampler.vocab_size), k=n)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"sample_slots": 0}, "sample_slots must be at least 1"), ({"token_latency": -1.0}, "token_latency")],
+    [({"slots": 0}, "slots must be at least 1"), ({"token_latency": -1.0}, "token_latency")],
 )
 def test_invalid_sampler_models_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        FakeBackend(**kwargs)
+        FakeSamplerModel(**kwargs)
 
 
 async def test_a_negative_response_length_names_the_sample(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend(response_length=lambda prompt, index: -1)
+    backend = FakeBackend(sampler=FakeSamplerModel(response_length=lambda prompt, index: -1))
     client = await sampler(backend)
     with pytest.raises(ValueError, match="response_length returned -1 for sample 0"):
         await client.sample(compat.model_input_from_ints([1]), 1, tinker_types.SamplingParams(max_tokens=4))

@@ -11,7 +11,7 @@ import trio
 from safetensors.torch import load_file
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum, tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend, datum
 from tests.integration.tiny_model import TinyModel
 
 ADAM = tinker_types.AdamParams(learning_rate=5e-2)

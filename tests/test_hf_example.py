@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from tests.conftest import read_jsonl
-from tests.hf_helpers import tiny_model  # noqa: F401  (fixture; skips without the extra)
 from tests.integration.tiny_model import TinyModel
 from trio_rl import CheckpointLog
 

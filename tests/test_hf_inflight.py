@@ -11,9 +11,10 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum, peaked_tiny_model  # noqa: F401  (fixture)
-from tests.inflight_helpers import publish_after_step
+from tests.hf_helpers import backend, datum
+from tests.inflight_helpers import fresh_logprobs, span_a_publish
 from tests.integration.tiny_model import TinyModel
+from trio_rl.backends import EngineSettings
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
 
 SPAN = tinker_types.SamplingParams(max_tokens=8, seed=7, stop=[])
@@ -29,11 +30,6 @@ async def _train_one_step(trainer: Any, tok: Any) -> None:
     await (await trainer.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
 
 
-async def _fresh_logprobs(snapshot: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    scored = await snapshot.compute_logprobs(tinker_types.ModelInput.from_ints([*prompt, *tokens]))
-    return [float(v) for v in scored[len(prompt) :] if v is not None]
-
-
 async def _span_a_publish(be: Any, model: TinyModel) -> tuple[list[tuple[list[int], Any]], Any, Any]:
     """Sample TEXTS (2 and 1 samples) on a v0 in-flight client while v1 is published after PUBLISH_AFTER steps.
 
@@ -42,28 +38,20 @@ async def _span_a_publish(be: Any, model: TinyModel) -> tuple[list[tuple[list[in
     """
     trainer = await be.create_training_client(base_model=model.path, lora_rank=4, seed=0)
     tok = await trainer.get_tokenizer()
-    inflight = await trainer.save_weights_for_sampler("000000", inflight=True)
-    v0 = await trainer.create_sampling_client()
-    await _train_one_step(trainer, tok)
-    v1 = await trainer.create_sampling_client()
     prompts = [tok.encode(text) for text in TEXTS]
-    out: dict[int, tinker_types.SampleResponse] = {}
-
-    async def one(i: int) -> None:
-        out[i] = await inflight.sample(tinker_types.ModelInput.from_ints(prompts[i]), 2 - i, SPAN)
-
-    async with trio.open_nursery() as nursery:
-        published = publish_after_step(
-            inflight._engine,
-            PUBLISH_AFTER,
-            lambda: trainer.save_weights_for_sampler("000001", inflight=True),
-            be._runtime.limiter,
-            nursery,
-        )
-        for i in range(len(prompts)):
-            nursery.start_soon(one, i)
-    assert len(published) == 1
-    return [(prompts[i], seq) for i in range(len(prompts)) for seq in out[i].sequences], v0, v1
+    responses, v0, v1 = await span_a_publish(
+        be,
+        trainer,
+        [(prompts[0], 2), (prompts[1], 1)],
+        train_one_step=lambda: _train_one_step(trainer, tok),
+        params=SPAN,
+        after_step=PUBLISH_AFTER,
+    )
+    return (
+        [(prompt, seq) for prompt, response in zip(prompts, responses, strict=True) for seq in response.sequences],
+        v0,
+        v1,
+    )
 
 
 def test_hf_backend_offers_inflight_weights(tmp_path: Path) -> None:
@@ -74,7 +62,7 @@ def test_hf_backend_offers_inflight_weights(tmp_path: Path) -> None:
 
 async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its_kv(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     kept_differs = False
     with trio.fail_after(120):
@@ -83,8 +71,8 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its
             for prompt, seq in sequences:
                 assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (8 - PUBLISH_AFTER)
                 logprobs = list(seq.logprobs or [])
-                old = await _fresh_logprobs(v0, prompt, list(seq.tokens))
-                new = await _fresh_logprobs(v1, prompt, list(seq.tokens))
+                old = await fresh_logprobs(v0, prompt, list(seq.tokens))
+                new = await fresh_logprobs(v1, prompt, list(seq.tokens))
                 assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-4)
                 kept_differs |= any(abs(logprobs[i] - new[i]) > 1e-2 for i in range(PUBLISH_AFTER, 8))
     # The new weights read keys and values computed by the old ones: not a fresh pass of the new weights.
@@ -93,17 +81,17 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its
 
 async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights_that_produced_it(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
-        async with backend(tmp_path, inflight_recompute_kv=True) as be:
+        async with backend(tmp_path, engine=EngineSettings(inflight_recompute_kv=True)) as be:
             sequences, v0, v1 = await _span_a_publish(be, peaked_tiny_model)
             assert len(sequences) == 3
             for prompt, seq in sequences:
                 assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (8 - PUBLISH_AFTER)
                 logprobs = list(seq.logprobs or [])
-                old = await _fresh_logprobs(v0, prompt, list(seq.tokens))
-                new = await _fresh_logprobs(v1, prompt, list(seq.tokens))
+                old = await fresh_logprobs(v0, prompt, list(seq.tokens))
+                new = await fresh_logprobs(v1, prompt, list(seq.tokens))
                 assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-4)
                 assert logprobs[PUBLISH_AFTER:] == pytest.approx(new[PUBLISH_AFTER:], abs=1e-4)
                 assert any(abs(a - b) > 1e-2 for a, b in zip(old[PUBLISH_AFTER:], new[PUBLISH_AFTER:], strict=True))
@@ -111,7 +99,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
 
 async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     params = tinker_types.SamplingParams(max_tokens=4, seed=3, stop=[])
     with trio.fail_after(120):
@@ -129,7 +117,7 @@ async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
             await trainer.save_weights_for_sampler("000001", inflight=True)
             v1 = await trainer.create_sampling_client()
             fresh = await inflight.sample(model_input, 1, params)
-            expected = await _fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
+            expected = await fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
             pinned_after = await pinned.sample(model_input, 1, params)
     assert first.prompt_cache_hit_tokens == 0 and again.prompt_cache_hit_tokens == len(prompt)
     assert token_versions(again.sequences[0]) == [0] * 4
@@ -145,7 +133,7 @@ async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
 
 async def test_published_snapshots_release_the_adapters_they_replace(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path) as be:

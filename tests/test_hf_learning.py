@@ -10,9 +10,10 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
 from trio_rl import (
+    ActionExtra,
     AsyncConfig,
     Config,
     Env,
@@ -35,7 +36,7 @@ class EvenTokensEnv(Env):
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         return tinker_types.ModelInput.from_ints(PROMPT), []
 
-    async def step(self, action: list[int]) -> StepResult:
+    async def step(self, action: list[int], *, extra: ActionExtra | None = None) -> StepResult:
         reward = sum(1 for t in action if t % 2 == 0) / max(1, len(action))
         return StepResult(reward=reward, episode_done=True, next_observation=tinker_types.ModelInput.from_ints([]),
                           next_stop_condition=[], metrics={})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -9,16 +10,18 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
-from tests.prefill_helpers import count_prefilled_tokens
+from tests.prefill_helpers import count_prefilled_tokens, sample_each
+from trio_rl.backends import EngineSettings
 
 SYSTEM = "You answer with one number. Question: "
 
 
 async def _sample(sampler: Any, prompt: list[int], seed: int) -> tinker_types.SampleResponse:
     params = tinker_types.SamplingParams(max_tokens=4, seed=seed, stop=[])
-    return await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
+    response: tinker_types.SampleResponse = await sampler.sample(tinker_types.ModelInput.from_ints(prompt), 1, params)
+    return response
 
 
 async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tuple[list[Any], list[list[int]]]:
@@ -35,17 +38,10 @@ async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tupl
         sampler = await trainer.save_weights_for_sampler("s0")
 
         async def wave(prompts: list[list[int]], seed: int) -> list[tinker_types.SampleResponse]:
-            got: dict[int, tinker_types.SampleResponse] = {}
-
-            async def one(i: int) -> None:
-                got[i] = await _sample(sampler, prompts[i], seed + i)
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(prompts)):
-                    nursery.start_soon(one, i)
-            out.extend(got[i] for i in range(len(prompts)))
+            responses = await sample_each(partial(_sample, sampler), prompts, seed)
+            out.extend(responses)
             sent.extend(prompts)
-            return [got[i] for i in range(len(prompts))]
+            return responses
 
         system = tok.encode(SYSTEM)
         turn_one = [system + tok.encode(q) for q in ("3 + 4?", "5 + 1?", "3 + 4?", "What is 12 + 30?")]
@@ -62,12 +58,12 @@ async def _conversations(log_dir: Path, model: TinyModel, **kwargs: Any) -> tupl
 
 async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture; peaked logits, so wrong keys would show)
+    peaked_tiny_model: TinyModel,  # peaked logits, so wrong keys would show
 ) -> None:
     with trio.fail_after(180):
         cached, prompts = await _conversations(tmp_path / "cached", peaked_tiny_model)
-        plain, _ = await _conversations(tmp_path / "plain", peaked_tiny_model, prefix_cache_bytes=0)
-        tight, _ = await _conversations(tmp_path / "tight", peaked_tiny_model, prefix_cache_bytes=24 << 10)
+        plain, _ = await _conversations(tmp_path / "plain", peaked_tiny_model, engine=EngineSettings(prefix_cache_bytes=0))
+        tight, _ = await _conversations(tmp_path / "tight", peaked_tiny_model, engine=EngineSettings(prefix_cache_bytes=24 << 10))
     for runs in zip(cached, plain, tight, strict=True):
         a, *others = (r.sequences[0] for r in runs)
         for b in others:
@@ -89,7 +85,7 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(
 
 async def test_a_turn_two_prompt_prefills_only_its_new_tokens(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path) as be:

@@ -10,8 +10,9 @@ import torch
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend
 from tests.integration.tiny_model import TinyModel
+from trio_rl.backends import EngineSettings
 
 
 def _prompt(tokenizer: Any, text: str) -> tinker_types.ModelInput:
@@ -69,7 +70,7 @@ async def test_seeded_request_repeats_alone_and_among_other_requests(tmp_path: P
                 nursery.start_soon(ask, "short", "0", 4, tinker_types.SamplingParams(max_tokens=3, stop=[], seed=6))
             batched = results["same"]
             assert [s.tokens for s in batched.sequences] == [s.tokens for s in alone.sequences]
-            for a, b in zip(alone.sequences, batched.sequences):
+            for a, b in zip(alone.sequences, batched.sequences, strict=True):
                 assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
             other_seed = await sampler.sample(prompt, 2, tinker_types.SamplingParams(max_tokens=10, stop=[], seed=99))
             assert [s.tokens for s in other_seed.sequences] != [s.tokens for s in alone.sequences]
@@ -173,8 +174,8 @@ async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(
 
     with trio.fail_after(120):
         cached = await rollouts(tmp_path / "cached")
-        plain = await rollouts(tmp_path / "plain", prefix_cache_bytes=0)
-    for a, b in zip(cached, plain):
+        plain = await rollouts(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0))
+    for a, b in zip(cached, plain, strict=True):
         assert a.sequences[0].tokens == b.sequences[0].tokens
         assert a.sequences[0].logprobs == pytest.approx(b.sequences[0].logprobs, abs=1e-4)
     # Each prompt is prefilled once: the request that arrived first pays, every other one is a hit.

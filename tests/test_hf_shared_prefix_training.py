@@ -17,7 +17,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum, peaked_tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend, datum
 from tests.integration.tiny_model import TinyModel
 from trio_rl.backends.hf import training
 from trio_rl.backends.local.batch_inputs import DatumInputs, MicroBatch, PrefixGroup, micro_batches, prefix_groups
@@ -155,7 +155,7 @@ ALL_SHARED = [0, 1, 2, 3, 4, 5, 6, 10, 11, 12]
 )
 async def test_shared_prefixes_give_the_logprobs_loss_and_gradients_of_whole_data(
     tmp_path: Path,
-    peaked_tiny_model: TinyModel,  # noqa: F811  (the fixture)
+    peaked_tiny_model: TinyModel,
     monkeypatch: pytest.MonkeyPatch,
     loss_fn: str,
     token_budget: int,

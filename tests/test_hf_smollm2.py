@@ -17,6 +17,7 @@ import trio
 from tinker import types as tinker_types
 
 from tests.hf_helpers import backend
+from trio_rl import _tinker_compat as compat
 
 pytestmark = pytest.mark.smollm2
 
@@ -46,22 +47,24 @@ async def test_smollm2_samples_trains_one_lora_step_saves_and_loads(tmp_path: Pa
             for seq in response.sequences:
                 full = prompt + list(seq.tokens)
                 n, k = len(full) - 1, len(seq.tokens)
-                data.append(tinker_types.Datum(
-                    model_input=tinker_types.ModelInput.from_ints(full[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": full[1:],
-                        "logprobs": [0.0] * (n - k) + list(seq.logprobs or []),
-                        "advantages": [0.0] * (n - k) + [1.0] * k,
-                    },
-                ))
+                data.append(
+                    tinker_types.Datum(
+                        model_input=tinker_types.ModelInput.from_ints(full[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": compat.tensor(full[1:], "int64"),
+                            "logprobs": compat.tensor([0.0] * (n - k) + list(seq.logprobs or []), "float32"),
+                            "advantages": compat.tensor([0.0] * (n - k) + [1.0] * k, "float32"),
+                        },
+                    )
+                )
             fb = await trainer.forward_backward(data, "importance_sampling")
             opt = await trainer.optim_step(tinker_types.AdamParams(learning_rate=1e-3))
             out = await fb.result()
             metrics = (await opt.result()).metrics
             assert metrics["grad_norm"] > 0
             # Sampled logprobs and the learner's agree before the step (same weights, float32).
-            for got, seq in zip(out.loss_fn_outputs, response.sequences):
-                assert got["logprobs"].tolist()[-len(seq.tokens):] == pytest.approx(seq.logprobs, abs=2e-3)
+            for got, seq in zip(out.loss_fn_outputs, response.sequences, strict=True):
+                assert got["logprobs"].tolist()[-len(seq.tokens) :] == pytest.approx(seq.logprobs, abs=2e-3)
             path = await trainer.save_state("one-step")
             adapter = json.loads((Path(path) / "adapter_config.json").read_text())
             assert adapter["r"] == 8 and (Path(path) / "adapter_model.safetensors").is_file()

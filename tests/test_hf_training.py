@@ -11,7 +11,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum, tiny_model  # noqa: F401  (fixture)
+from tests.hf_helpers import backend, datum
 from tests.integration.tiny_model import TinyModel
 from trio_rl.backends.hf.training import micro_batches
 from trio_rl.backends.local.batch_inputs import DatumInputs
@@ -64,7 +64,7 @@ async def test_every_loss_matches_hand_computed_values(tmp_path: Path, tiny_mode
             out = await (await trainer.forward_backward(data, loss_fn)).result()
             total = sum(float(e.sum()) for _, e in expected)
             assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-4, abs=1e-4)
-            for got, (lp, per_token) in zip(out.loss_fn_outputs, expected):
+            for got, (lp, per_token) in zip(out.loss_fn_outputs, expected, strict=True):
                 assert got["logprobs"].tolist() == pytest.approx(lp.tolist(), abs=1e-4)
                 assert got["elementwise_loss"].tolist() == pytest.approx(per_token.tolist(), rel=1e-3, abs=1e-4)
 
@@ -144,7 +144,7 @@ async def test_malformed_data_and_unknown_losses_are_rejected(tmp_path: Path, ti
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
             with pytest.raises(ValueError, match="does not implement"):
-                await trainer.forward_backward([], "dpo")  # type: ignore[arg-type]
+                await trainer.forward_backward([], "dpo")
             pending = await trainer.forward_backward([datum([1, 2, 3])], "cross_entropy")
             with pytest.raises(ValueError, match="lacks loss_fn_inputs"):
                 await pending.result()
@@ -160,7 +160,7 @@ async def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradi
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
             data, prompts = [], (3, 1, 0)
-            for seq, prompt in zip(SEQS, prompts):
+            for seq, prompt in zip(SEQS, prompts, strict=True):
                 n = len(seq) - 1
                 adv = [0.0] * prompt + [1.5] * (n - prompt)
                 data.append(datum(seq, logprobs=[0.0] * prompt + [-5.0] * (n - prompt), advantages=adv))
@@ -170,16 +170,16 @@ async def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradi
             trainer.model.zero_grad(set_to_none=True)
             # The reference: the full forward (the head at every position), the loss over all of them.
             total = torch.zeros(())
-            for seq, prompt, d, got in zip(SEQS, prompts, data, out.loss_fn_outputs):
+            for seq, prompt, d, got in zip(SEQS, prompts, data, out.loss_fn_outputs, strict=True):
                 x = torch.tensor([seq[:-1]])
                 logits = trainer.model(input_ids=x).logits[0].float()
-                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+                reference = torch.log_softmax(logits, -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
                 old = torch.tensor(d.loss_fn_inputs["logprobs"].tolist())
-                adv = torch.tensor(d.loss_fn_inputs["advantages"].tolist())
-                total = total + (-torch.exp(lp - old) * adv).sum()
-                assert got["logprobs"].tolist()[prompt:] == pytest.approx(lp[prompt:].tolist(), abs=1e-5)
+                advantage = torch.tensor(d.loss_fn_inputs["advantages"].tolist())
+                total = total + (-torch.exp(reference - old) * advantage).sum()
+                assert got["logprobs"].tolist()[prompt:] == pytest.approx(reference[prompt:].tolist(), abs=1e-5)
                 assert got["logprobs"].tolist()[:prompt] == [0.0] * prompt
-            total.backward()
+            total.backward()  # type: ignore[no-untyped-call]
             assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-4)
             for n, p in trainer.model.named_parameters():
                 if n in grads:

@@ -3,7 +3,7 @@ and a cancel during an in-flight publish that leaves the saved state and its rec
 
 from __future__ import annotations
 
-import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import trio.testing
 from tinker import types as tinker_types
 from trio.testing import MockClock
 
-from tests.conftest import read_jsonl
+from tests.conftest import TaskOrder, read_jsonl
 from tests.pipeline_helpers import make_config, run_fake
 from trio_rl import AsyncConfig, Config
 from trio_rl import _tinker_compat as compat
@@ -21,7 +21,7 @@ from trio_rl.backends.protocol import token_versions
 from trio_rl.base.determinism import derive_seed
 from trio_rl.loop.checkpoints import CheckpointLog
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeLatencies, FakeSamplerModel
 
 GROUPS = 6 * 4
 """Groups in the datasets below: 6 batches of 4."""
@@ -32,33 +32,30 @@ def inflight_config(log_path: Path, k: int = 2, **overrides: Any) -> Config:
     return make_config(log_path, "oldest_first", async_config=async_config, **overrides)
 
 
-def sampler_model(seed: int = 0, **kwargs: Any) -> FakeBackend:
+def sampler_model(seed: int = 0, latencies: FakeLatencies | None = None) -> FakeBackend:
     """Few distinct lengths, so that sequences end, and weights are published, at the same instants."""
 
-    def length(prompt: list[int], index: int) -> int:
+    def length(prompt: Sequence[int], index: int) -> int:
         return (2, 4, 4, 8, 30)[derive_seed(seed, *prompt[:3], index) % 5]
 
-    return FakeBackend(
-        seed=seed, sample_slots=5, token_latency=0.125, response_length=length, train_latency=0.75, **kwargs
-    )
+    sampler = FakeSamplerModel(slots=5, token_latency=0.125, response_length=length)
+    return FakeBackend(seed=seed, train_latency=0.75, latencies=latencies, sampler=sampler)
 
 
 def trained_keys(backend: FakeBackend) -> list[tuple[int, int]]:
     return [tuple(key) for call in backend.calls_of("forward_backward") for key in call.detail["groups"]]
 
 
-def run_once(log_path: Path, seed: int, scheduling_seed: int) -> tuple[list[dict[str, Any]], str]:
+def run_once(
+    task_order: TaskOrder, log_path: Path, seed: int, scheduling_seed: int
+) -> tuple[list[dict[str, Any]], str]:
     async def main() -> None:
         dataset = FakeDataset(6, 4, FakeEnvSpec(group_size=3, turns=2))
         config = inflight_config(log_path, seed=seed, eval_every=2, save_every=2, max_tokens=32)
         await run_fake(config, dataset, sampler_model(seed), evaluators=(FakeEvaluator(latency=0.3),))
 
-    original = trio._core._run._r  # type: ignore[attr-defined]
-    trio._core._run._r = random.Random(scheduling_seed)  # type: ignore[attr-defined]
-    try:
+    with task_order(scheduling_seed):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        trio._core._run._r = original  # type: ignore[attr-defined]
     records = [
         {k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)}
         for r in read_jsonl(log_path / "metrics.jsonl")
@@ -66,15 +63,17 @@ def run_once(log_path: Path, seed: int, scheduling_seed: int) -> tuple[list[dict
     return records, (log_path / "checkpoints.jsonl").read_text()
 
 
-def test_an_inflight_run_writes_identical_files_whatever_the_task_order(tmp_path: Path) -> None:
-    first = run_once(tmp_path / "a", seed=7, scheduling_seed=1)
-    second = run_once(tmp_path / "b", seed=7, scheduling_seed=2)
+def test_an_inflight_run_writes_identical_files_whatever_the_task_order(
+    tmp_path: Path, trio_task_order_from_seed: TaskOrder
+) -> None:
+    first = run_once(trio_task_order_from_seed, tmp_path / "a", seed=7, scheduling_seed=1)
+    second = run_once(trio_task_order_from_seed, tmp_path / "b", seed=7, scheduling_seed=2)
     assert first == second
     records = [r for r in first[0] if "async/token_lag_mean" in r]
     # Not vacuous: sequences spanned publishes, so tokens are fresher than their groups...
     assert any(r["async/token_lag_mean"] < r["async/staleness_mean"] for r in records)
     # ... and another seed samples other lengths, hence other lags.
-    assert run_once(tmp_path / "c", seed=8, scheduling_seed=1)[0] != first[0]
+    assert run_once(trio_task_order_from_seed, tmp_path / "c", seed=8, scheduling_seed=1)[0] != first[0]
 
 
 @pytest.mark.parametrize("cancel_at", [2.3, 4.1, 6.7, 9.2])
@@ -110,7 +109,7 @@ async def test_a_cancel_during_an_inflight_publish_saves_a_state_its_record_desc
     log_path: Path, autojump_clock: MockClock
 ) -> None:
     # forward_backward takes 0.75 s and each publish 5 s; the state saves in 0.25 s.
-    backend = sampler_model(save_latency=5.0, state_latency=0.25)
+    backend = sampler_model(latencies=FakeLatencies(save=5.0, state=0.25))
     config = inflight_config(log_path, save_on_cancel=True, max_tokens=32)
     with trio.move_on_after(12.0) as scope:
         await run_fake(config, FakeDataset(6, 4, FakeEnvSpec(group_size=3)), backend)
@@ -142,7 +141,8 @@ class SamplingEvaluatorFake:
     def __init__(self) -> None:
         self.seen: list[tuple[int, bool, list[int] | None]] = []
 
-    async def __call__(self, client: Any) -> dict[str, float]:
+    async def __call__(self, sampling_client: Any) -> dict[str, float]:
+        client = sampling_client
         await trio.sleep(0.5)
         response = await client.sample(
             compat.model_input_from_ints([1, 2, 3]), 1, tinker_types.SamplingParams(max_tokens=30, seed=0)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import read_jsonl
 from trio_rl import CheckpointLog, Config
-from trio_rl.cli import ERROR_LOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, run_cli
+from trio_rl.cli import ERROR_LOG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, Reporting, run_cli
 from trio_rl.testing import FakeBackend, FakeDataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def test_kill_9_at_random_moments_then_resume_trains_every_step_once(tmp_path: P
             proc.kill()
             proc.wait()
     with running(example(log_path, *flags, "--resume")) as proc:
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert training_steps(log_path) == list(range(24))
     last = CheckpointLog(log_path).last()
@@ -124,7 +124,9 @@ def test_a_failed_run_prints_one_line_per_error_and_writes_the_traceback(tmp_pat
     backend = FakeBackend()
     backend.fail_train = RuntimeError("the trainer's GPU fell off the bus")
     out = io.StringIO()
-    code = run_cli(Config(log_path=tmp_path, eval_every=0), dataset=FakeDataset(3, 4), backend=backend, out=out)
+    code = run_cli(
+        Config(log_path=tmp_path, eval_every=0), dataset=FakeDataset(3, 4), backend=backend, reporting=Reporting(out=out)
+    )
     assert code == EXIT_ERROR
     lines = out.getvalue().splitlines()
     assert lines == [

@@ -64,6 +64,7 @@ async def test_local_reference_is_the_initial_weights_and_diffs_match_its_logpro
         d = datum([3, 5, 8, 13], [0.0, -1.25, -2.5], [0.0, 1.0, 1.0], [0.0, 1.0, 1.0])
         (diff,) = await reference_logprob_diffs(reference, [d])
         scored = await initial.compute_logprobs(sequence)
+        assert scored[2] is not None and scored[3] is not None
         assert diff.tolist() == pytest.approx([0.0, -1.25 - scored[2], -2.5 - scored[3]])
         with pytest.raises(ValueError, match="no initial weights for 'other'"):
             await backend.create_sampling_client(base_model="other")

@@ -10,6 +10,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.checkpoint import check_name
 from trio_rl.backends.local.training import LocalTrainingClient
@@ -23,7 +24,7 @@ def _datum(text: str) -> tinker_types.Datum:
     seq = [TOK.bos_token_id, *TOK.encode(text), TOK.eos_token_id]
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+        loss_fn_inputs={"target_tokens": compat.tensor(seq[1:], "int64"), "weights": compat.tensor([1.0] * (len(seq) - 1), "float32")},
     )
 
 

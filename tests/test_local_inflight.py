@@ -11,9 +11,9 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.inflight_helpers import publish_after_step
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
-from trio_rl.backends.local.sampler import LocalSamplingClient
+from tests.inflight_helpers import fresh_logprobs, publish_after_step, span_a_publish, train_one_large_step
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
+from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine
 from trio_rl.backends.protocol import check_inflight_before_work, token_versions
 
 TOK = CharTokenizer("abcdefgh ")
@@ -26,24 +26,13 @@ def _prompt(text: str) -> list[int]:
     return [TOK.bos_token_id, *TOK.encode(text)]
 
 
-def _backend(tmp_path: Path, **kwargs: Any) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 async def _train_one_step(client: Any) -> None:
     """One large Adam step, so the next weights sample visibly differently."""
-    datum = tinker_types.Datum(
-        model_input=tinker_types.ModelInput.from_ints(_prompt("abcab")),
-        loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
-    )
-    await (await client.forward_backward([datum], "cross_entropy")).result()
-    await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
-
-
-async def _fresh_logprobs(snapshot: LocalSamplingClient, prompt: list[int], tokens: list[int]) -> list[float]:
-    """Each sampled token's logprob from one forward pass of ``snapshot``'s weights over prompt and tokens."""
-    scored = await snapshot.compute_logprobs(tinker_types.ModelInput.from_ints([*prompt, *tokens]))
-    return [float(v) for v in scored[len(prompt) :] if v is not None]
+    await train_one_large_step(client, _prompt("abcab"), TOK.encode("abcabc"))
 
 
 async def _span_a_publish(
@@ -55,27 +44,14 @@ async def _span_a_publish(
         The responses, and pinned snapshots of v0 and v1.
     """
     client = await backend.create_training_client(base_model="tiny", seed=0)
-    inflight = await client.save_weights_for_sampler("000000", inflight=True)
-    v0 = await client.create_sampling_client()
-    await _train_one_step(client)
-    v1 = await client.create_sampling_client()
-    responses: dict[int, tinker_types.SampleResponse] = {}
-
-    async def one(i: int, text: str, samples: int) -> None:
-        responses[i] = await inflight.sample(tinker_types.ModelInput.from_ints(_prompt(text)), samples, SPAN)
-
-    async with trio.open_nursery() as nursery:
-        published = publish_after_step(
-            inflight._engine,
-            PUBLISH_AFTER,
-            lambda: client.save_weights_for_sampler("000001", inflight=True),
-            backend._runtime.limiter,
-            nursery,
-        )
-        for i, (text, samples) in enumerate(prompts):
-            nursery.start_soon(one, i, text, samples)
-    assert len(published) == 1
-    return [responses[i] for i in range(len(prompts))], v0, v1
+    return await span_a_publish(
+        backend,
+        client,
+        [(_prompt(text), samples) for text, samples in prompts],
+        train_one_step=lambda: _train_one_step(client),
+        params=SPAN,
+        after_step=PUBLISH_AFTER,
+    )
 
 
 def test_local_backend_offers_inflight_weights(tmp_path: Path) -> None:
@@ -91,8 +67,8 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its
             seq = response.sequences[0]
             assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (12 - PUBLISH_AFTER)
             logprobs = list(seq.logprobs or [])
-            old = await _fresh_logprobs(v0, _prompt("abc"), list(seq.tokens))
-            new = await _fresh_logprobs(v1, _prompt("abc"), list(seq.tokens))
+            old = await fresh_logprobs(v0, _prompt("abc"), list(seq.tokens))
+            new = await fresh_logprobs(v1, _prompt("abc"), list(seq.tokens))
     # Tokens before the publish are exactly the old weights'.
     assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-5)
     # After it, the new weights read keys and values the old weights computed:
@@ -106,7 +82,7 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(60):
-        async with _backend(tmp_path, inflight_recompute_kv=True) as backend:
+        async with _backend(tmp_path, engine=EngineSettings(inflight_recompute_kv=True)) as backend:
             # Rows of different prompt lengths, several per request, recomputed together.
             responses, v0, v1 = await _span_a_publish(backend, [("abc", 2), ("hgfedcba ab", 1)])
             checked = 0
@@ -114,8 +90,8 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
                 for seq in response.sequences:
                     tokens, logprobs = list(seq.tokens), list(seq.logprobs or [])
                     assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (12 - PUBLISH_AFTER)
-                    old = await _fresh_logprobs(v0, _prompt(text), tokens)
-                    new = await _fresh_logprobs(v1, _prompt(text), tokens)
+                    old = await fresh_logprobs(v0, _prompt(text), tokens)
+                    new = await fresh_logprobs(v1, _prompt(text), tokens)
                     assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-5)
                     assert logprobs[PUBLISH_AFTER:] == pytest.approx(new[PUBLISH_AFTER:], abs=1e-5)
                     assert any(abs(a - b) > 1e-3 for a, b in zip(old[PUBLISH_AFTER:], new[PUBLISH_AFTER:], strict=True))
@@ -164,7 +140,7 @@ async def test_a_new_request_on_an_older_inflight_client_starts_on_the_newest_we
             v1 = await client.create_sampling_client()
             response = await first.sample(tinker_types.ModelInput.from_ints(prompt), 1, SPAN)
             seq = response.sequences[0]
-            fresh = await _fresh_logprobs(v1, prompt, list(seq.tokens))
+            fresh = await fresh_logprobs(v1, prompt, list(seq.tokens))
             scored = await first.compute_logprobs(tinker_types.ModelInput.from_ints([*prompt, *seq.tokens]))
             assert second.model_path is not None and second.model_path.endswith("000001")
     assert token_versions(seq) == [1] * 12
@@ -187,7 +163,7 @@ async def test_the_prefix_cache_serves_a_prompt_only_under_the_weights_that_pref
             v1 = await client.create_sampling_client()
             fresh = await inflight.sample(model_input, 1, params)
             cached = await inflight.sample(model_input, 1, params)
-            expected = await _fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
+            expected = await fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
     assert again.prompt_cache_hit_tokens == len(prompt)
     # The publish emptied the cache: the prompt is prefilled again under the new weights ...
     assert fresh.prompt_cache_hit_tokens == 0
@@ -204,6 +180,7 @@ async def test_published_weights_release_the_ones_they_replace(tmp_path: Path) -
             client = await backend.create_training_client(base_model="tiny", seed=0)
             inflight = await client.save_weights_for_sampler("000000", inflight=True)
             engine = inflight._engine
+            assert isinstance(engine, SamplingEngine)
             v0 = weakref.ref(engine._model)
             await _train_one_step(client)
             await client.save_weights_for_sampler("000001", inflight=True)

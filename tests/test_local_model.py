@@ -15,7 +15,7 @@ def test_init_is_seeded_and_leaves_global_rng_alone() -> None:
     state = torch.random.get_rng_state()
     a, b, c = (TransformerLM(CONFIG, 11, seed=s) for s in (1, 1, 2))
     assert torch.equal(torch.random.get_rng_state(), state)
-    for (name, x), y, z in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, x), y, z in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(x, y)
         if name.endswith("weight") and x.dim() == 2:
             assert not torch.equal(x, z)

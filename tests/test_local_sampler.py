@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import trio
+import trio.lowlevel
 from tinker import types as tinker_types
 
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from tests.polling import wait_until
+from trio_rl import _tinker_compat as compat
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.sampler import LocalSamplingClient, pick_tokens
 
 TOK = CharTokenizer("abcdefgh ")
@@ -21,8 +24,8 @@ def _prompt(text: str) -> tinker_types.ModelInput:
     return tinker_types.ModelInput.from_ints([TOK.bos_token_id, *TOK.encode(text)])
 
 
-def _backend(tmp_path: Path, **kwargs: int) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 async def _sampler(backend: LocalBackend, seed: int = 0) -> LocalSamplingClient:
@@ -64,9 +67,22 @@ async def test_seeded_request_is_batch_invariant(tmp_path: Path) -> None:
                 results[i] = await sampler.sample(_prompt(text), 1 + i % 3, p)
 
             async with trio.open_nursery() as nursery:
-                others = ["h", "gfedcba abcdefgh", "aa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "c d e", "hgf", "abcdefghabcdefgh ab"]
+                others = [
+                    "h",
+                    "gfedcba abcdefgh",
+                    "aa",
+                    "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+                    "c d e",
+                    "hgf",
+                    "abcdefghabcdefgh ab",
+                ]
                 for i, text in enumerate(others):
-                    nursery.start_soon(one, i + 1, text, tinker_types.SamplingParams(max_tokens=5 + 7 * i, seed=i, temperature=0.7 + 0.1 * i))
+                    nursery.start_soon(
+                        one,
+                        i + 1,
+                        text,
+                        tinker_types.SamplingParams(max_tokens=5 + 7 * i, seed=i, temperature=0.7 + 0.1 * i),
+                    )
                 nursery.start_soon(one, 0, "abc", params)  # same request, among 7 others
             # And once more while another request is already mid-decode (joins a running batch).
             async with trio.open_nursery() as nursery:
@@ -100,18 +116,24 @@ async def test_stops_max_tokens_and_greedy(tmp_path: Path) -> None:
             sampler = await _sampler(backend)
             greedy = tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[])
             g1 = await sampler.sample(_prompt("ab"), 3, greedy)
-            g2 = await sampler.sample(_prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, temperature=0.0, stop=[], seed=9))
+            g2 = await sampler.sample(
+                _prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, temperature=0.0, stop=[], seed=9)
+            )
             toks = g1.sequences[0].tokens
             assert all(s.tokens == toks for s in g1.sequences) and g2.sequences[0].tokens == toks
             assert all(s.stop_reason == "length" and len(s.tokens) == 12 for s in g1.sequences)
             # Stop at a token that greedy decoding produces: output ends with it, reason "stop".
             target = toks[4]
             cut = toks.index(target) + 1
-            by_id = await sampler.sample(_prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[target]))
+            by_id = await sampler.sample(
+                _prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[target])
+            )
             assert by_id.sequences[0].tokens == toks[:cut] and by_id.sequences[0].stop_reason == "stop"
             # A multi-character string stop sequence.
             text = TOK.decode(toks[5:7])
-            by_str = await sampler.sample(_prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[text]))
+            by_str = await sampler.sample(
+                _prompt("ab"), 1, tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[text])
+            )
             got = by_str.sequences[0].tokens
             assert TOK.decode(got).endswith(text) and by_str.sequences[0].stop_reason == "stop"
             assert got == toks[: len(got)] and len(got) <= 7
@@ -121,7 +143,9 @@ async def test_stops_max_tokens_and_greedy(tmp_path: Path) -> None:
                 assert (s.stop_reason == "stop") == (s.tokens[-1] == TOK.eos_token_id)
                 assert TOK.eos_token_id not in s.tokens[:-1]
             # max_tokens is capped by the model's context.
-            long = await sampler.sample(_prompt("abc"), 1, tinker_types.SamplingParams(max_tokens=1000, stop=[], seed=1))
+            long = await sampler.sample(
+                _prompt("abc"), 1, tinker_types.SamplingParams(max_tokens=1000, stop=[], seed=1)
+            )
             assert len(long.sequences[0].tokens) == CONFIG.max_seq_len - 4
             assert long.sequences[0].stop_reason == "length"
             zero = await sampler.sample(_prompt("a"), 2, tinker_types.SamplingParams(max_tokens=0))
@@ -170,7 +194,7 @@ async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) ->
             async with trio.open_nursery() as cancel_nursery:
                 cancel_nursery.start_soon(sample_until_cancelled)
                 while not engine._rows:
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
                 decoding.cancel()
             assert decoding.cancelled_caught
             # Cancel while still queued (never admitted).
@@ -181,19 +205,20 @@ async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) ->
             resp = await sampler.sample(_prompt("ab"), 2, tinker_types.SamplingParams(max_tokens=5, stop=[], seed=1))
             assert [len(s.tokens) for s in resp.sequences] == [5, 5]
             # The engine dropped the cancelled rows and its task ended.
-            while nursery.child_tasks:
-                await trio.sleep(0.01)
+            await wait_until(lambda: not nursery.child_tasks, poll=0.01)
             assert engine._rows == [] and engine._pending == [] and not engine._running
 
 
 async def test_many_concurrent_requests(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path, max_batch_rows=16) as backend:
+        async with _backend(tmp_path, engine=EngineSettings(max_batch_rows=16)) as backend:
             sampler = await _sampler(backend)
             lengths: list[int] = []
 
             async def one(i: int) -> None:
-                r = await sampler.sample(_prompt("abc"[: 1 + i % 3]), 2, tinker_types.SamplingParams(max_tokens=3 + i % 5, stop=[]))
+                r = await sampler.sample(
+                    _prompt("abc"[: 1 + i % 3]), 2, tinker_types.SamplingParams(max_tokens=3 + i % 5, stop=[])
+                )
                 lengths.extend(len(s.tokens) for s in r.sequences)
 
             async with trio.open_nursery() as nursery:
@@ -222,7 +247,7 @@ async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(tmp_p
     with trio.fail_after(60):
         async with _backend(tmp_path / "cached") as cached_backend:
             cached = await _group_rollouts(await _sampler(cached_backend))
-        async with _backend(tmp_path / "plain", prefix_cache_bytes=0) as plain_backend:
+        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as plain_backend:
             plain = await _group_rollouts(await _sampler(plain_backend))
     assert [_seqs(r) for r in cached] == [_seqs(r) for r in plain]
     lengths = [len(p) for p in ("abc", "hg fe", "abc d")]
@@ -244,7 +269,10 @@ async def test_prefix_cache_is_not_shared_across_weights(tmp_path: Path) -> None
             assert (await old.sample(_prompt("abc"), 1, params)).prompt_cache_hit_tokens == 4
             datum = tinker_types.Datum(
                 model_input=_prompt("abcab"),
-                loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
+                loss_fn_inputs={
+                    "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
+                    "weights": compat.tensor([1.0] * 6, "float32"),
+                },
             )
             await (await client.forward_backward([datum], "cross_entropy")).result()
             await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()

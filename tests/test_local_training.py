@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def _datum(text: str) -> tinker_types.Datum:
     seq = [TOK.bos_token_id, *TOK.encode(text), TOK.eos_token_id]
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+        loss_fn_inputs={"target_tokens": compat.tensor(seq[1:], "int64"), "weights": compat.tensor([1.0] * (len(seq) - 1), "float32")},
     )
 
 
@@ -54,7 +55,7 @@ def test_adam_matches_torch_adamw(weight_decay: float) -> None:
         adam_step(ours, state, params)
         opt.step()
         opt.zero_grad()
-    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
         assert a.grad is None
 
@@ -64,14 +65,14 @@ def test_grad_clip_scales_global_norm() -> None:
     scaled = copy.deepcopy(clipped)
     _grads_like(clipped, 1)
     _grads_like(scaled, 1)
-    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in scaled.parameters() if p.grad is not None))
+    norm = torch.stack([(p.grad.double() ** 2).sum() for p in scaled.parameters() if p.grad is not None]).sum().sqrt()
     for p in scaled.parameters():
         assert p.grad is not None
         p.grad *= 0.5 / (float(norm) + 1e-6)
     m1 = adam_step(clipped, AdamState(), ADAM.model_copy(update={"grad_clip_norm": 0.5}))
     adam_step(scaled, AdamState(), ADAM)
     assert m1["grad_norm"] == pytest.approx(float(norm))
-    for a, b in zip(clipped.parameters(), scaled.parameters()):
+    for a, b in zip(clipped.parameters(), scaled.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -105,16 +106,23 @@ async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
             for step in range(3):
                 sampler = await client.save_weights_for_sampler(f"s{step}")
                 resp = await sampler.sample(
-                    tinker_types.ModelInput.from_ints([TOK.bos_token_id]), 4,
+                    tinker_types.ModelInput.from_ints([TOK.bos_token_id]),
+                    4,
                     tinker_types.SamplingParams(max_tokens=8, seed=step),
                 )
                 data = []
                 for s in resp.sequences:
                     seq = [TOK.bos_token_id, *s.tokens]
-                    data.append(tinker_types.Datum(
-                        model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-                        loss_fn_inputs={"target_tokens": seq[1:], "logprobs": s.logprobs or [], "advantages": [1.0] * len(s.tokens)},
-                    ))
+                    data.append(
+                        tinker_types.Datum(
+                            model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
+                            loss_fn_inputs={
+                                "target_tokens": compat.tensor(seq[1:], "int64"),
+                                "logprobs": compat.tensor(s.logprobs or [], "float32"),
+                                "advantages": compat.tensor([1.0] * len(s.tokens), "float32"),
+                            },
+                        )
+                    )
                 await client.forward_backward(data, "ppo")
                 await (await client.optim_step(ADAM)).result()
             return [p.detach().clone() for p in client.model.parameters()]
@@ -122,7 +130,7 @@ async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
     with trio.fail_after(30):
         a = await run("a")
         b = await run("b")
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 async def test_sampler_is_pinned_to_its_version(tmp_path: Path) -> None:
@@ -169,7 +177,7 @@ async def test_trio_stays_responsive_during_training(tmp_path: Path) -> None:
                 nursery.cancel_scope.cancel()
     during = [t for t in ticks if t >= start]
     assert elapsed > 0.05  # the work was long enough to notice a blocked loop
-    gaps = [b - a for a, b in zip(during, during[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(during)]
     # A blocked loop would tick about once per request (3 times); a free one every ~5 ms.
     assert len(during) >= max(10, elapsed / 0.005 / 4)
     assert max(gaps) < elapsed / 2
@@ -180,7 +188,10 @@ async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
         client = await backend.create_training_client(base_model="tiny", seed=0)
         with pytest.raises(ValueError):
             await client.forward_backward(BATCH, "dro")
-        bad = tinker_types.Datum(model_input=tinker_types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [1, 2]})
+        bad = tinker_types.Datum(
+            model_input=tinker_types.ModelInput.from_ints([1, 2]),
+            loss_fn_inputs={"target_tokens": compat.tensor([1, 2], "int64")},
+        )
         pending = await client.forward_backward([bad], "cross_entropy")
         with pytest.raises(ValueError, match="weights"):
             await pending.result()
@@ -212,9 +223,9 @@ def _rl_datum(seq: list[int], prompt: int, advantage: float) -> tinker_types.Dat
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
         loss_fn_inputs={
-            "target_tokens": seq[1:],
-            "logprobs": [0.0] * prompt + [-1.0 - 0.1 * j for j in range(n - prompt)],
-            "advantages": [0.0] * prompt + [advantage] * (n - prompt),
+            "target_tokens": compat.tensor(seq[1:], "int64"),
+            "logprobs": compat.tensor([0.0] * prompt + [-1.0 - 0.1 * j for j in range(n - prompt)], "float32"),
+            "advantages": compat.tensor([0.0] * prompt + [advantage] * (n - prompt), "float32"),
             "mask": compat.tensor([0.0] * prompt + [1.0] * (n - prompt), "float32"),
         },
     )
@@ -243,7 +254,7 @@ def test_skipping_the_prompt_positions_changes_no_trained_logprob_or_gradient() 
         got_lp = torch.tensor(got["logprobs"].tolist())
         assert got_lp[trained].tolist() == pytest.approx(lp[trained].tolist(), abs=1e-6)
         assert got_lp[~trained].tolist() == [0.0] * int((~trained).sum())
-    total.backward()
+    total.backward()  # type: ignore[no-untyped-call]
     assert out.metrics["loss:sum"] == pytest.approx(float(total), abs=1e-5)
     for n, p in model.named_parameters():
         assert p.grad is not None

@@ -11,6 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+from trio_rl.testing import FakeBackend
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -20,7 +22,7 @@ def load() -> ModuleType:
     return importlib.import_module("minimal_loop")
 
 
-def run(mode: str, **flags: object) -> tuple[list[float], object, float]:
+def run(mode: str, **flags: object) -> tuple[list[float], FakeBackend, float]:
     loop = load()
     args = loop.Args(**flags)
     backend = loop.FakeBackend(seed=args.seed, sample_latency=args.sample_latency, train_latency=args.train_latency)
@@ -28,7 +30,8 @@ def run(mode: str, **flags: object) -> tuple[list[float], object, float]:
 
     async def bounded() -> list[float]:
         with trio.fail_after(10_000):  # virtual seconds: a hang fails at once
-            return await loop.train(args, mode, backend)
+            rewards: list[float] = await loop.train(args, mode, backend)
+            return rewards
 
     rewards = trio.run(bounded, clock=clock)
     return rewards, backend, clock.current_time()

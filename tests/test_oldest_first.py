@@ -9,6 +9,7 @@ once, and stragglers trained late (beyond K) rather than waited for or dropped.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,23 +19,11 @@ import trio
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake, straggling_group_1
+from tests.work_items import finished_group, work_item
 from trio_rl import AsyncConfig, OldestFirst, TrainResult
 from trio_rl.loop.schedules import Need, Position, Verdict
-from trio_rl.loop.work import FinishedGroup, ItemKey, SkippedGroup, WorkItem
-from trio_rl.rl.summary import GroupSummary
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec
-
-
-def _item(order: int) -> WorkItem:
-    builder = FakeEnvGroupBuilder((0, order), FakeEnvSpec(), [])
-    return WorkItem(ItemKey(0, order), order, builder, attempt=0, min_version=0)
-
-
-def _finished(
-    order: int, version: int, finished_at: float = 0.0, rewards: tuple[float, ...] = (1.0, 0.0)
-) -> FinishedGroup:
-    summary = GroupSummary(rewards, 2, 2, 2, (), (), 0, ())
-    return FinishedGroup(_item(order), version, summary, [], [], finished_at=finished_at)
+from trio_rl.loop.work import SkippedGroup
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplerModel
 
 
 def _orders(schedule: OldestFirst, step: int) -> list[int]:
@@ -55,11 +44,13 @@ def _timed_backend(seconds: dict[int, float] | float, train_latency: float) -> F
     Its ``sequences`` record when each response started and which weights sampled it.
     """
 
-    def length(prompt: list[int], index: int) -> int:
+    def length(prompt: Sequence[int], index: int) -> int:
         group = prompt[1] - 2
         return round((seconds if isinstance(seconds, float) else seconds.get(group, 1.0)) / TOKEN_S)
 
-    return FakeBackend(token_latency=TOKEN_S, response_length=length, train_latency=train_latency)
+    return FakeBackend(
+        train_latency=train_latency, sampler=FakeSamplerModel(token_latency=TOKEN_S, response_length=length)
+    )
 
 
 TOKEN_S = 0.25
@@ -86,9 +77,14 @@ def test_oldest_first_is_the_default_async_policy() -> None:
 def test_a_step_trains_the_groups_sampled_from_the_oldest_weights_then_the_first_finished() -> None:
     schedule = OldestFirst(groups_per_step=2, staleness_limit=1)
     assert not schedule.resamples and not schedule.samples_exact_version and schedule.gives_up_at(0) is None
-    arrivals = [_finished(0, 2, 1.0), _finished(1, 1, 3.0), _finished(2, 1, 2.0), _finished(3, 0, 4.0)]
+    arrivals = [
+        finished_group(work_item(0), 2, finished_at=1.0),
+        finished_group(work_item(1), 1, finished_at=3.0),
+        finished_group(work_item(2), 1, finished_at=2.0),
+        finished_group(work_item(3), 0, finished_at=4.0),
+    ]
     for group in arrivals:
-        assert schedule.sort(group, step=3) is Verdict.KEEP  # never discarded for staleness
+        assert schedule.classify(group, step=3) is Verdict.KEEP  # never discarded for staleness
     # Version 0, then the version-1 group that finished first.
     assert _orders(schedule, 3) == [3, 2]
 
@@ -96,18 +92,18 @@ def test_a_step_trains_the_groups_sampled_from_the_oldest_weights_then_the_first
 def test_groups_finished_at_the_same_instant_are_taken_by_identity() -> None:
     schedule = OldestFirst(groups_per_step=2)
     for order in (5, 1, 3):
-        schedule.sort(_finished(order, 0, finished_at=7.0), step=0)
+        schedule.classify(finished_group(work_item(order), 0, finished_at=7.0), step=0)
     assert _orders(schedule, 0) == [1, 3]
 
 
 def test_a_step_waits_for_a_full_batch_then_takes_everything_finished_by_that_instant() -> None:
     schedule = OldestFirst(groups_per_step=2, staleness_limit=1)
     assert schedule.need(0, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(0, 0), step=0)
+    schedule.classify(finished_group(work_item(0), 0), step=0)
     # A failed group does not count toward the batch.
-    assert schedule.sort(SkippedGroup(_item(1), RuntimeError("env")), step=0) is Verdict.SKIP
+    assert schedule.classify(SkippedGroup(work_item(1), RuntimeError("env")), step=0) is Verdict.SKIP
     assert schedule.need(0, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(2, 0), step=0)
+    schedule.classify(finished_group(work_item(2), 0), step=0)
     assert schedule.need(0, ended=False) is Need.THIS_INSTANT
     schedule.next_minibatch(0)
     assert schedule.need(0, ended=False) is Need.NOTHING
@@ -116,27 +112,27 @@ def test_a_step_waits_for_a_full_batch_then_takes_everything_finished_by_that_in
 def test_leftovers_carry_over_to_the_next_step() -> None:
     schedule = OldestFirst(groups_per_step=2, staleness_limit=1)
     for order, version in [(0, 0), (1, 0), (2, 0)]:
-        schedule.sort(_finished(order, version, finished_at=order), step=0)
+        schedule.classify(finished_group(work_item(order), version, finished_at=order), step=0)
     assert _orders(schedule, 0) == [0, 1]
     # Group 2 waits in the pool: one more arrival makes a full batch for step 1.
     assert schedule.need(1, ended=False) is Need.ANOTHER_GROUP
-    schedule.sort(_finished(3, 1), step=1)
+    schedule.classify(finished_group(work_item(3), 1), step=1)
     assert schedule.need(1, ended=False) is Need.THIS_INSTANT
     assert _orders(schedule, 1) == [2, 3]
 
 
 def test_at_the_end_of_data_the_groups_left_form_a_final_smaller_step() -> None:
     schedule = OldestFirst(groups_per_step=4)
-    schedule.sort(_finished(0, 0), step=0)
+    schedule.classify(finished_group(work_item(0), 0), step=0)
     assert schedule.need(0, ended=True) is Need.THIS_INSTANT
     assert _orders(schedule, 0) == [0]
     assert schedule.next_minibatch(1) is None
 
 
 def test_a_constant_reward_group_is_filtered_on_arrival_only_when_asked() -> None:
-    constant = _finished(0, 0, rewards=(1.0, 1.0))
-    assert OldestFirst(2, filter_constant=True).sort(constant, step=0) is Verdict.FILTER
-    assert OldestFirst(2, filter_constant=False).sort(constant, step=0) is Verdict.KEEP
+    constant = finished_group(work_item(0), 0, rewards=(1.0, 1.0))
+    assert OldestFirst(2, filter_constant=True).classify(constant, step=0) is Verdict.FILTER
+    assert OldestFirst(2, filter_constant=False).classify(constant, step=0) is Verdict.KEEP
 
 
 def test_admission_holds_at_most_b_times_k_plus_one_groups_unconsumed() -> None:
@@ -180,7 +176,7 @@ async def test_a_trained_groups_slot_is_freed_only_once_the_new_weights_are_publ
     for n, key in enumerate(sorted(first_sample)):
         started, version = first_sample[key]
         if n < slots:
-            assert (started, version) == (pytest.approx(0.0, abs=1e-6), 0)
+            assert started == pytest.approx(0.0, abs=1e-6) and version == 0
             continue
         # Group n waits for the step that frees the (n - slots)-th slot: step (n - slots) // B.
         step = (n - slots) // groups_per_batch
@@ -225,7 +221,7 @@ async def _final_step_run(log_path: Path) -> tuple[TrainResult, FakeBackend]:
 async def test_steps_do_not_follow_dataset_batches_and_the_last_groups_form_a_smaller_step(
     log_path: Path, autojump_clock: MockClock
 ) -> None:
-    result, backend = await _final_step_run(log_path)
+    result, _backend = await _final_step_run(log_path)
     # 10 groups in batches of 2, 4 per step: steps of 4, 4, then 2.
     assert [r["progress/groups"] for r in result.step_metrics] == [4, 4, 2]
     assert result.trained_groups == 10

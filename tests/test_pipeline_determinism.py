@@ -13,7 +13,7 @@ from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl.base.determinism import derive_seed
 from trio_rl.rl.metrics import WALL_TIME_PREFIX
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeLatencies
 
 
 def jittery(seed: int) -> Any:
@@ -32,7 +32,10 @@ def run_once(log_path: Path, mode: str, seed: int) -> list[dict[str, Any]]:
         await run_fake(config, dataset, backend, evaluators=(FakeEvaluator(latency=0.3),))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    return [{k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)} for r in read_jsonl(log_path / "metrics.jsonl")]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(WALL_TIME_PREFIX)}
+        for r in read_jsonl(log_path / "metrics.jsonl")
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -48,7 +51,7 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path, mode: str) -> None:
 async def test_optim_step_is_submitted_before_forward_backward_is_awaited(
     log_path: Path, mode: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    backend = FakeBackend(sample_latency=1.0, train_latency=0.5, optim_latency=0.25)
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5, latencies=FakeLatencies(optim=0.25))
     result = await run_fake(make_config(log_path, mode, num_substeps=2), FakeDataset(3, 4), backend)
     training = [c for c in backend.calls if c.kind in ("forward_backward", "optim_step")]
     optim_steps = [i for i, c in enumerate(training) if c.kind == "optim_step"]
@@ -58,4 +61,3 @@ async def test_optim_step_is_submitted_before_forward_backward_is_awaited(
         # before it: that forward_backward (0.5 s) had not been awaited.
         assert training[i - 1].kind == "forward_backward"
         assert training[i - 1].time == training[i].time
-

@@ -92,7 +92,7 @@ async def test_a_hung_evaluator_ends_the_run_with_an_error_naming_it(log_path: P
     config = make_config(log_path, "sync", eval_every=2, eval_timeout=300.0)
     start = trio.current_time()
     with pytest.RaisesGroup(pytest.RaisesExc(EvaluationTimeoutError, match=r"HangingEvaluator on the weights of step 0 did not finish within 300 s")):
-        await run_fake(config, FakeDataset(4, 4), evaluators=(HangingEvaluator(),))  # type: ignore[arg-type]
+        await run_fake(config, FakeDataset(4, 4), evaluators=(HangingEvaluator(),))
     assert trio.current_time() - start == pytest.approx(300.0, abs=1.0)
     # Training went on while the evaluator hung: its records are on disk.
     lines = read_jsonl(log_path / "metrics.jsonl")

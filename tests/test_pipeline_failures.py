@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from tinker import types as tinker_types
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import MODES, make_config, run_fake
@@ -103,11 +104,16 @@ async def test_one_backend_fault_under_many_waiters_is_raised_once(log_path: Pat
     backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
     original = FakeSamplingClient.sample
 
-    async def sample(self: FakeSamplingClient, *args: object, **kwargs: object) -> object:
+    async def sample(
+        self: FakeSamplingClient,
+        prompt: tinker_types.ModelInput,
+        num_samples: int,
+        sampling_params: tinker_types.SamplingParams,
+    ) -> tinker_types.SampleResponse:
         if self.version >= 1:
             await trio.sleep(0.5)
             raise fault
-        return await original(self, *args, **kwargs)  # type: ignore[arg-type]
+        return await original(self, prompt, num_samples, sampling_params)
 
     FakeSamplingClient.sample = sample  # type: ignore[method-assign]
     try:

@@ -10,7 +10,6 @@ from trio.testing import MockClock
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
-
 SKIPPING_MODES = [mode for mode in MODES if mode != "sync"]
 """The modes that skip a batch whose groups are all filtered, as tinker-cookbook 0.6.1's stream and async loops
 do; its sync loop trains the batch's first group (tests/test_sync_constant_reward_batch.py)."""

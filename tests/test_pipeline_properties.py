@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,10 +29,10 @@ import trio.testing
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import read_jsonl
+from tests.conftest import TaskOrder, read_jsonl
 from trio_rl import AsyncConfig, Config, RetryOnFailure, StreamMinibatchConfig, train
 from trio_rl.base.determinism import derive_seed
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeEvaluator, FakeLatencies
 
 VIRTUAL_DEADLINE_S = 100_000.0
 EXAMPLES = int(os.environ.get("TRIO_RL_HYPOTHESIS_EXAMPLES", "150"))
@@ -121,7 +120,7 @@ def build(s: dict[str, Any], log_path: Path) -> tuple[Config, FakeDataset, FakeB
         seed=s["seed"],
         sample_latency=lambda request: sample * (1 + derive_seed(request[2].seed) % 3),
         train_latency=train_latency,
-        optim_latency=optim,
+        latencies=FakeLatencies(optim=optim),
     )
     return config, dataset, backend
 
@@ -139,7 +138,7 @@ class Outcome:
     made_and_cleaned: tuple[int, int] = (0, 0)
 
 
-def run_scenario(s: dict[str, Any], scheduling_seed: int) -> Outcome:
+def run_scenario(task_order: TaskOrder, s: dict[str, Any], scheduling_seed: int) -> Outcome:
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "run"
         config, dataset, backend = build(s, log_path)
@@ -167,17 +166,14 @@ def run_scenario(s: dict[str, Any], scheduling_seed: int) -> Outcome:
                 sum(1 for line in log if line.startswith("cleanup")),
             )
 
-        original = trio._core._run._r  # type: ignore[attr-defined]
-        trio._core._run._r = random.Random(scheduling_seed)  # type: ignore[attr-defined]
         try:
-            trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+            with task_order(scheduling_seed):
+                trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
         except BaseExceptionGroup as group:
             rest = group.split(InjectedCrash)[1]
             if rest is not None or s["crash"] is None:
                 raise
             outcome.crashed = True
-        finally:
-            trio._core._run._r = original  # type: ignore[attr-defined]
         outcome.trained = [key for call in backend.calls_of("forward_backward") for key in call.detail["groups"]]
         if (log_path / "metrics.jsonl").exists():
             outcome.metrics = [
@@ -216,7 +212,13 @@ def scenario(**drawn: Any) -> dict[str, Any]:
     return {**s, **drawn}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The task-order fixture is function-scoped, but each example enters its own
+# ``with task_order(seed):`` and leaves Trio's generator as it found it.
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(scenarios())
 # Issue 19, item 13: a stale group kept for a step expires at the step where the
 # data runs out, while the trainer asks for the step's evaluation; whether it
@@ -233,8 +235,10 @@ def scenario(**drawn: Any) -> dict[str, Any]:
         eval_every=1,
     )
 )
-def test_every_run_is_accounted_for_exactly_once_whatever_the_task_order(s: dict[str, Any]) -> None:
-    first, second = (run_scenario(s, seed) for seed in s["scheduling_seeds"])
+def test_every_run_is_accounted_for_exactly_once_whatever_the_task_order(
+    trio_task_order_from_seed: TaskOrder, s: dict[str, Any]
+) -> None:
+    first, second = (run_scenario(trio_task_order_from_seed, s, seed) for seed in s["scheduling_seeds"])
     event(f"mode {s['mode']}; crash: {first.crashed}; cancelled mid-run: {first.cancelled}")
     # The same records; the trainer's and the evaluator's lines written at one
     # instant may interleave either way (each writer's own order is its steps').
@@ -281,7 +285,9 @@ def check_accounting(s: dict[str, Any], outcome: Outcome) -> None:
     assert all(r["test/version"] <= r["step"] for r in outcome.metrics if "test/version" in r)
 
 
-def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order() -> None:
+def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order(
+    trio_task_order_from_seed: TaskOrder,
+) -> None:
     # Issue 19, item 13: where the data ends at the step that expires a kept group,
     # whether it was sampled again or dropped followed Trio's task order.
     s = scenario(
@@ -293,7 +299,7 @@ def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order() ->
         seed=74,
         eval_every=1,
     )
-    outcomes = [run_scenario(s, seed) for seed in range(6)]
+    outcomes = [run_scenario(trio_task_order_from_seed, s, seed) for seed in range(6)]
     first = outcomes[0]
     assert first.summary["run/requeued"] > 0 and first.summary["run/dropped_stale"] > 0
     for other in outcomes[1:]:

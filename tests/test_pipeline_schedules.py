@@ -8,35 +8,25 @@ import pytest
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import make_config, run_fake
+from tests.work_items import finished_group, work_item
 from trio_rl import Config, Pace, Requeue, TrainResult
 from trio_rl.loop import train as train_module
 from trio_rl.loop.schedules import Need, Schedule, StepClock, Verdict
-from trio_rl.loop.work import Delivery, FinishedGroup, ItemKey, SkippedGroup, WorkItem
-from trio_rl.rl.summary import GroupSummary
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec
-
-
-def _item(order: int, step: int | None = None, step_size: int | None = None) -> WorkItem:
-    builder = FakeEnvGroupBuilder((0, order), FakeEnvSpec(), [])
-    return WorkItem(ItemKey(0, order), order, builder, attempt=0, min_version=0, step=step, step_size=step_size)
-
-
-def _finished(item: WorkItem, version: int) -> FinishedGroup:
-    summary = GroupSummary((1.0, 0.0), 2, 2, 2, (), (), 0, ())
-    return FinishedGroup(item, version, summary, [], [])
+from trio_rl.loop.work import Delivery, FinishedGroup, SkippedGroup
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 
 def test_pace_waits_for_every_group_of_its_step_then_trains_them_in_admission_order() -> None:
     pace = Pace(groups_per_step=3, num_substeps=1, staleness_limit=1)
     arrivals: list[Delivery] = [
-        _finished(_item(2, step=0, step_size=3), 0),
-        SkippedGroup(_item(1, step=0, step_size=3), RuntimeError("env")),
-        _finished(_item(3, step=1, step_size=3), 0),
+        finished_group(work_item(2, step=0, step_size=3), 0),
+        SkippedGroup(work_item(1, step=0, step_size=3), RuntimeError("env")),
+        finished_group(work_item(3, step=1, step_size=3), 0),
     ]
     assert pace.need(0, ended=False) is Need.ANOTHER_GROUP
-    assert [pace.sort(d, 0) for d in arrivals] == [Verdict.KEEP, Verdict.SKIP, Verdict.KEEP]
+    assert [pace.classify(d, 0) for d in arrivals] == [Verdict.KEEP, Verdict.SKIP, Verdict.KEEP]
     assert pace.need(0, ended=False) is Need.ANOTHER_GROUP  # group 0 is still out
-    assert pace.sort(_finished(_item(0, step=0, step_size=3), 0), 0) is Verdict.KEEP
+    assert pace.classify(finished_group(work_item(0, step=0, step_size=3), 0), 0) is Verdict.KEEP
     assert pace.need(0, ended=False) is Need.THIS_INSTANT  # complete: decided after this instant
     minibatch = pace.next_minibatch(0)
     assert minibatch is not None and minibatch.optim_step and minibatch.skipped == 1
@@ -53,11 +43,11 @@ def test_requeue_resamples_what_is_too_stale_and_trains_the_oldest_fresh_groups(
     requeue = Requeue(groups_per_step=2, num_substeps=1, staleness_limit=1)
     assert requeue.resamples and not requeue.samples_exact_version
     assert requeue.gives_up_at(3) == 5
-    assert requeue.sort(_finished(_item(0), version=0), step=2) is Verdict.RESAMPLE  # 2 steps stale
-    assert requeue.sort(_finished(_item(1), version=1), step=2) is Verdict.KEEP
+    assert requeue.classify(finished_group(work_item(0), version=0), step=2) is Verdict.RESAMPLE  # 2 steps stale
+    assert requeue.classify(finished_group(work_item(1), version=1), step=2) is Verdict.KEEP
     assert requeue.need(2, ended=False) is Need.ANOTHER_GROUP
-    assert requeue.sort(_finished(_item(2), version=2), step=2) is Verdict.KEEP
-    assert requeue.sort(_finished(_item(3), version=1), step=2) is Verdict.KEEP
+    assert requeue.classify(finished_group(work_item(2), version=2), step=2) is Verdict.KEEP
+    assert requeue.classify(finished_group(work_item(3), version=1), step=2) is Verdict.KEEP
     # Enough fresh groups: take whatever else finished at this instant, then decide.
     assert requeue.need(2, ended=False) is Need.THIS_INSTANT
     minibatch = requeue.next_minibatch(2)
@@ -71,10 +61,10 @@ def test_requeue_resamples_what_is_too_stale_and_trains_the_oldest_fresh_groups(
 class _FilterOnArrival(Requeue):
     """Filters constant-reward groups the moment they arrive, as tinker-cookbook 0.6.1's async loop does."""
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         if isinstance(delivery, FinishedGroup) and delivery.summary.constant_reward:
             return Verdict.FILTER
-        return super().sort(delivery, step)
+        return super().classify(delivery, step)
 
 
 async def _run_filtering(log_path: Path) -> TrainResult:

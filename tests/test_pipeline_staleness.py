@@ -49,7 +49,7 @@ async def test_requeue_with_a_small_worker_pool_never_deadlocks(log_path: Path, 
 @pytest.mark.parametrize("k", [0, 1, 3])
 async def test_pace_bounds_staleness_and_groups_in_flight(log_path: Path, k: int, autojump_clock: MockClock) -> None:
     rng = random.Random(k)
-    latencies = {}
+    latencies: dict[tuple[int, ...], float] = {}
 
     def random_latency(request: Any) -> float:
         key = tuple(request[0].to_ints()[:3])

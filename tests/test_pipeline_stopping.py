@@ -12,7 +12,7 @@ from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, RUN_DEADLINE_S, make_config, run_fake
 from trio_rl import RunHandle, train
 from trio_rl.loop.checkpoints import CheckpointLog
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator
+from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeEvaluator, FakeLatencies
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -45,20 +45,19 @@ async def test_nursery_start_hands_back_a_handle_with_live_metrics(log_path: Pat
     dataset = FakeDataset(num_batches=100, batch_size=4)
     seen: list[int] = []
     with trio.fail_after(RUN_DEADLINE_S):
-        async with FakeBackend(sample_latency=1.0, train_latency=0.5) as backend:
-            async with trio.open_nursery() as nursery:
-                handle: RunHandle = await nursery.start(
-                    lambda task_status: train(
-                        make_config(log_path, "pace"), dataset=dataset, backend=backend, task_status=task_status
-                    )
+        async with FakeBackend(sample_latency=1.0, train_latency=0.5) as backend, trio.open_nursery() as nursery:
+            handle: RunHandle = await nursery.start(
+                lambda task_status: train(
+                    make_config(log_path, "pace"), dataset=dataset, backend=backend, task_status=task_status
                 )
-                assert handle.step == 0 and handle.log_path == log_path
-                async for record in handle.metrics:
-                    seen.append(record["step"])
-                    if record["step"] == 3:
-                        assert handle.step >= 4
-                        nursery.cancel_scope.cancel()
-                        break
+            )
+            assert handle.step == 0 and handle.log_path == log_path
+            async for record in handle.metrics:
+                seen.append(record["step"])
+                if record["step"] == 3:
+                    assert handle.step >= 4
+                    nursery.cancel_scope.cancel()
+                    break
     assert seen == [0, 1, 2, 3]
     assert [r["step"] for r in read_jsonl(log_path / "metrics.jsonl")] == [0, 1, 2, 3]
 
@@ -101,7 +100,9 @@ async def test_a_cancel_after_the_last_step_still_saves_it_once(
 ) -> None:
     # The last step ends at 6.0 s (4 steps of 1 s sampling + 0.5 s training); the
     # phase after it is made slow, and the cancel at 10 s lands inside it.
-    backend = FakeBackend(sample_latency=1.0, train_latency=0.5, state_latency=20.0 if during == "final save" else 0.0)
+    backend = FakeBackend(
+        sample_latency=1.0, train_latency=0.5, latencies=FakeLatencies(state=20.0 if during == "final save" else 0.0)
+    )
     dataset = SlowCleanupDataset(8, 4) if during == "rollout teardown" else FakeDataset(8, 4)
     evaluators = (FakeEvaluator(latency=100.0),) if during == "final evaluation" else ()
     config = make_config(log_path, "sync", max_steps=4, save_on_cancel=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import trio
@@ -29,7 +30,7 @@ class CountSpawns(trio.abc.Instrument):
 @pytest.mark.parametrize("staleness", ["requeue", "pace"])
 @pytest.mark.parametrize("k", [0, 2500, 100_000])
 async def test_workers_are_bounded_by_the_work_not_by_k(
-    log_path: Path, staleness: str, k: int, autojump_clock: MockClock
+    log_path: Path, staleness: Literal["requeue", "pace"], k: int, autojump_clock: MockClock
 ) -> None:
     config = make_config(
         log_path, staleness, async_config=AsyncConfig(max_steps_off_policy=k, groups_per_batch=4, staleness=staleness)

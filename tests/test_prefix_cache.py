@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,10 @@ import torch
 import trio
 from tinker import types as tinker_types
 
-from tests.prefill_helpers import count_prefilled_tokens
+from tests.inflight_helpers import train_one_large_step
+from tests.prefill_helpers import count_prefilled_tokens, sample_each
 from trio_rl import Config, train
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
 from trio_rl.backends.local.sampler import LocalSamplingClient
 from trio_rl.testing import FakeDataset, FakeEnvSpec
@@ -119,8 +121,8 @@ def _prompt(text: str) -> list[int]:
     return [TOK.bos_token_id, *TOK.encode(text)]
 
 
-def _backend(tmp_path: Path, **kwargs: Any) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, **kwargs)
+def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
+    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
 
 
 def _seqs(resp: tinker_types.SampleResponse) -> list[tuple[list[int], list[float], str]]:
@@ -159,16 +161,9 @@ async def _conversations(sampler: LocalSamplingClient) -> list[tinker_types.Samp
     out: list[tinker_types.SampleResponse] = []
 
     async def wave(prompts: list[list[int]], seed: int) -> list[tinker_types.SampleResponse]:
-        got: dict[int, tinker_types.SampleResponse] = {}
-
-        async def one(i: int) -> None:
-            got[i] = await _sample(sampler, prompts[i], seed + i)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(one, i)
-        out.extend(got[i] for i in range(len(prompts)))
-        return [got[i] for i in range(len(prompts))]
+        responses = await sample_each(partial(_sample, sampler), prompts, seed)
+        out.extend(responses)
+        return responses
 
     turn_one = [_prompt(system + q) for q in ("c", "d", "c", "eh")]
     answers = await wave(turn_one, 10)
@@ -188,11 +183,11 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(tmp
         async with _backend(tmp_path / "cached") as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             cached = await _conversations(await client.save_weights_for_sampler("s0"))
-        async with _backend(tmp_path / "plain", prefix_cache_bytes=0) as backend:
+        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             plain = await _conversations(await client.save_weights_for_sampler("s0"))
         # A bound that holds about one prompt: prefixes are evicted and computed again.
-        async with _backend(tmp_path / "tight", prefix_cache_bytes=12 << 10) as backend:
+        async with _backend(tmp_path / "tight", engine=EngineSettings(prefix_cache_bytes=12 << 10)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             tight = await _conversations(await client.save_weights_for_sampler("s0"))
     # Float64 forward passes, rounded to float32: bit for bit.
@@ -220,12 +215,7 @@ async def test_a_publish_empties_the_cache_of_an_inflight_engine_prefixes_includ
             first = await _sample(inflight, turn_one)
             turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
             before = await _sample(inflight, turn_two)
-            datum = tinker_types.Datum(
-                model_input=tinker_types.ModelInput.from_ints(_prompt("abcab")),
-                loss_fn_inputs={"target_tokens": TOK.encode("abcabc"), "weights": [1.0] * 6},
-            )
-            await (await client.forward_backward([datum], "cross_entropy")).result()
-            await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
+            await train_one_large_step(client, _prompt("abcab"), TOK.encode("abcabc"))
             await client.save_weights_for_sampler("000001", inflight=True)
             fresh = await client.create_sampling_client()
             after = await _sample(inflight, [*turn_two, *TOK.encode("e")])

@@ -18,7 +18,7 @@ EXPECTED = {
     "BridgeMode", "DualSamplingClient", "runs_on",
     # rollouts and error strategies
     "ErrorStrategy", "FailFast", "MinViableGroup", "RetryOnFailure", "SamplingPolicy", "ParamsPerCall", "do_group_rollout",
-    "do_single_rollout",
+    "do_single_rollout", "TerminationRewardPolicy", "EpochCycledDataset",
     # data processing and metrics
     "assemble_training_data", "compute_advantages", "remove_constant_reward_groups", "trajectory_to_data",
     "trajectory_metrics", "derive_seed",

@@ -37,5 +37,5 @@ async def test_a_failing_group_is_left_out_under_a_tolerant_strategy() -> None:
 
 async def test_as_a_run_evaluator_its_keys_sit_beside_the_steps(log_path: Path, autojump_clock: MockClock) -> None:
     evaluator = RLTestSetEvaluator(FakeDataset(1, 2), max_tokens=4)
-    result = await run_fake(make_config(log_path, "sync", eval_every=1), FakeDataset(2, 2), evaluators=(evaluator,))  # type: ignore[arg-type]
+    result = await run_fake(make_config(log_path, "sync", eval_every=1), FakeDataset(2, 2), evaluators=(evaluator,))
     assert all("test/env/all/reward/total" in m and "time/run_evals" in m for m in result.metrics)

@@ -177,13 +177,11 @@ async def test_a_retry_whose_make_envs_returns_no_env_stops_the_group_naming_the
             return await super().make_envs() if self.builds == 0 else []
 
     builder = EmptyOnRebuild(group_size=3, failing={1}, failures=1)
+    # The lone error itself, as do_group_rollout raises a single failure (tinker-cookbook 0.6.1 does).
     with (
         trio.fail_after(10),
-        pytest.RaisesGroup(
-            pytest.RaisesExc(
-                EmptyGroupError, match=r"EmptyOnRebuild\.make_envs\(\) returned no envs for a retry of env 1"
-            ),
-            flatten_subgroups=True,
+        pytest.raises(
+            EmptyGroupError, match=r"EmptyOnRebuild\.make_envs\(\) returned no envs for a retry of env 1"
         ) as caught,
     ):
         await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))  # type: ignore[arg-type]

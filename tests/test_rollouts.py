@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 
 import pytest
 import trio
@@ -11,9 +12,10 @@ from tinker import types as tinker_types
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout, do_single_rollout
 from trio_rl.rl.rollouts import ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs
 from trio_rl.testing import FakeBackend, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
+from trio_rl.types import Env, StepResult
 
 
-def policies(backend: FakeBackend, seed: int = 0):  # noqa: ANN201 - a PolicyFactory
+def policies(backend: FakeBackend, seed: int = 0) -> Callable[[int, int], TokenPolicy]:
     client = FakeSamplingClient(backend, version=0, model_path=None)
 
     def policy_for(env_index: int, attempt: int) -> TokenPolicy:
@@ -37,7 +39,7 @@ async def test_multi_turn_rollout_feeds_each_observation_back() -> None:
     trajectory = await do_single_rollout(policies(FakeBackend())(0, 0), env)
     assert len(trajectory.transitions) == 3
     assert [t.episode_done for t in trajectory.transitions] == [False, False, True]
-    for before, after in zip(trajectory.transitions, trajectory.transitions[1:]):
+    for before, after in itertools.pairwise(trajectory.transitions):
         assert after.ob.to_ints()[: before.ob.length] == before.ob.to_ints()
 
 
@@ -73,11 +75,45 @@ async def test_fail_fast_cancels_siblings_and_raises_the_original_error(autojump
     log: list[str] = []
     spec = FakeEnvSpec(group_size=3, step_latency=10.0, fail_at={(0, 0): "step"}, error=KeyError)
     builder = FakeEnvGroupBuilder((0, 0), spec, log)
-    with trio.fail_after(100), pytest.RaisesGroup(KeyError, flatten_subgroups=True):
+    # The env's own exception, not a group around it, as tinker-cookbook 0.6.1's do_group_rollout raises it.
+    with trio.fail_after(100), pytest.raises(KeyError, match="failed in step"):
         await do_group_rollout(builder, policies(FakeBackend()), FailFast())
     # The failing env raised at once; the others were cancelled, not awaited.
     assert trio.current_time() < 10.0
     assert log[-1] == "cleanup (0, 0)"
+
+
+class EveryEnvCrashes(FakeEnvGroupBuilder):
+    """A fake group whose every env raises in ``step``, all at the same instant."""
+
+    async def make_envs(self) -> Sequence[FakeEnv]:
+        return [CrashingEnv(self.key, i, self.spec, 0, self.log) for i in range(self.spec.group_size)]
+
+
+class CrashingEnv(FakeEnv):
+    async def step(self, action: list[int], *, extra: object = None) -> StepResult:
+        # Shielded, so that the first crash's cancel cannot stop the other env from crashing too.
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1.0)
+        raise EnvCrash(f"env {self.index} crashed")
+
+
+async def test_fail_fast_raises_every_error_when_several_envs_fail_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    builder = EveryEnvCrashes((0, 0), FakeEnvSpec(group_size=2), log=[])
+    # Both rollouts fail at once: neither error is lost, so they come as one group.
+    with trio.fail_after(100), pytest.RaisesGroup(EnvCrash, EnvCrash, flatten_subgroups=True) as caught:
+        await do_group_rollout(builder, policies(FakeBackend()), FailFast())
+    leaves = caught.value.split(EnvCrash)[0]
+    assert leaves is not None
+    assert sorted(str(e) for e in _leaves(leaves)) == ["env 0 crashed", "env 1 crashed"]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
 async def test_retry_on_failure_retries_one_fresh_env_and_records_errors() -> None:
@@ -119,8 +155,8 @@ async def test_a_hung_rollout_times_out_and_is_retried(autojump_clock: trio.test
 class _SlotsZeroAndOneFail(FakeEnvGroupBuilder):
     """Slots 0 and 1 fail in their first step, at the same instant; a fresh env of any slot succeeds."""
 
-    async def make_envs(self) -> Sequence[FakeEnv]:
-        envs = list(await super().make_envs())
+    async def make_envs(self) -> Sequence[Env]:
+        envs = [env for env in await super().make_envs() if isinstance(env, FakeEnv)]
         for env in envs[:2]:
             env.spec = FakeEnvSpec(fail_at={self.key: "step"})
             env.index = 0  # the fake fails env 0 of a failing key
@@ -234,22 +270,20 @@ async def test_a_failing_cleanup_is_raised_beside_a_crash_that_came_with_a_cance
     # cancelled (a stale group given up) at the instant one of its rollouts crashed.
     builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
     with trio.fail_after(10):
-        with pytest.RaisesGroup(EnvCrash, CleanupBroke, flatten_subgroups=True):
-            with trio.CancelScope() as given_up:
-                async with group_envs(builder):
-                    given_up.cancel()
-                    async with trio.open_nursery() as nursery:
-                        # A task's code runs until its first checkpoint: cancelled or not, it raises.
-                        nursery.start_soon(crash if crashing == "a rollout task" else trio.sleep_forever)
-                        if crashing == "the group's own task":
-                            await crash()
-                        await trio.sleep_forever()
+        with pytest.RaisesGroup(EnvCrash, CleanupBroke, flatten_subgroups=True), trio.CancelScope() as given_up:
+            async with group_envs(builder):
+                given_up.cancel()
+                async with trio.open_nursery() as nursery:
+                    # A task's code runs until its first checkpoint: cancelled or not, it raises.
+                    nursery.start_soon(crash if crashing == "a rollout task" else trio.sleep_forever)
+                    if crashing == "the group's own task":
+                        await crash()
+                    await trio.sleep_forever()
 
 
 async def test_a_failing_cleanup_after_a_cancel_alone_is_the_one_error() -> None:
     builder = CleanupFailsBuilder((0, 0), FakeEnvSpec(), log=[])
-    with trio.fail_after(10), pytest.raises(CleanupBroke):
-        with trio.CancelScope() as cancelled:
-            async with group_envs(builder):
-                cancelled.cancel()
-                await trio.sleep_forever()
+    with trio.fail_after(10), pytest.raises(CleanupBroke), trio.CancelScope() as cancelled:
+        async with group_envs(builder):
+            cancelled.cancel()
+            await trio.sleep_forever()

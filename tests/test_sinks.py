@@ -51,7 +51,7 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated protobuf code, no stubs
             record.ParseFromString(pending)
             pending = b""
             if record.WhichOneof("record_type") == "history":
@@ -146,7 +146,7 @@ def test_log_to_feeds_every_sink_the_records_of_metrics_jsonl(tmp_path: Path, mo
     read = tensorboard_scalars(tmp_path / "tensorboard")
     for key in ("env/all/reward/total", "eval/accuracy", "run/final_step"):
         want = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-        assert want and read[key] == [(step, pytest.approx(value)) for step, value in want]
+        assert want and read[key] == [(step, pytest.approx(value)) for step, value in want]  # type: ignore[comparison-overlap]
 
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     rows = wandb_history(run_dir)

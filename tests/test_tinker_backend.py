@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 
+from tests.polling import wait_until
+from tests.tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 from trio_rl.backends import protocol
 from trio_rl.backends.tinker import (
     MissingApiKeyError,
@@ -57,11 +58,6 @@ def prompt(*tokens: int) -> tinker_types.ModelInput:
 
 async def new_client(backend: TinkerBackend) -> TinkerTrainingClient:
     return await backend.create_training_client(base_model=BASE_MODEL, lora_rank=8, seed=1)
-
-
-async def wait_until(condition: Any, *, poll: float = 0.002) -> None:
-    while not condition():
-        await trio.sleep(poll)
 
 
 async def test_speaks_the_backend_protocol(service: StandinServiceClient) -> None:
@@ -155,7 +151,7 @@ async def test_submits_in_call_order_before_any_wait(service: StandinServiceClie
             await client.save_state("end")
     done = [(op, rid) for what, mid, op, rid in service.events if what == "done" and mid == model_id]
     expected = [x for i in range(5) for x in (("forward_backward", 2 * i), ("optim_step", 2 * i + 1))]
-    assert done == expected + [("save_state", 10)]
+    assert done == [*expected, ("save_state", 10)]
 
 
 async def test_a_cancelled_caller_submits_nothing(service: StandinServiceClient) -> None:
@@ -290,18 +286,17 @@ async def test_blocking_calls_run_off_the_trio_thread(service: StandinServiceCli
             ticks += 1
 
     with trio.fail_after(5):
-        async with TinkerBackend(service_client=service) as backend:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(heartbeat)
-                start = time.monotonic()
-                client = await new_client(backend)
-                elapsed = time.monotonic() - start
-                assert elapsed >= 0.5
-                assert ticks >= 20  # ~50 if the Trio thread stayed free
-                ticks = 0
-                await client.get_tokenizer()
-                assert ticks >= 8
-                nursery.cancel_scope.cancel()
+        async with TinkerBackend(service_client=service) as backend, trio.open_nursery() as nursery:
+            nursery.start_soon(heartbeat)
+            start = time.monotonic()
+            client = await new_client(backend)
+            elapsed = time.monotonic() - start
+            assert elapsed >= 0.5
+            assert ticks >= 20  # ~50 if the Trio thread stayed free
+            ticks = 0
+            await client.get_tokenizer()
+            assert ticks >= 8
+            nursery.cancel_scope.cancel()
     trio_thread = threading.current_thread().name
     assert service.blocking_calls
     assert all(thread != trio_thread for _, thread in service.blocking_calls)
@@ -332,7 +327,7 @@ async def test_deadline_covers_blocking_creation(service: StandinServiceClient) 
     start = time.monotonic()
     with trio.fail_after(5):
         async with TinkerBackend(service_client=service, timeouts=timeouts) as backend:
-            with pytest.raises(RemoteTimeoutError, match="^create_lora_training_client did not"):
+            with pytest.raises(RemoteTimeoutError, match=r"^create_lora_training_client did not"):
                 await new_client(backend)
     assert time.monotonic() - start < 0.4  # the blocked thread was abandoned
 
@@ -395,9 +390,8 @@ async def test_a_deadline_missed_on_an_unreachable_server_names_the_server(monke
 
 
 async def test_constructor_validation() -> None:
-    with open_standin_service() as service:
-        with pytest.raises(ValueError, match="not both"):
-            TinkerBackend(service_client=service, api_key="tml-x")
+    with open_standin_service() as service, pytest.raises(ValueError, match="not both"):
+        TinkerBackend(service_client=service, api_key="tml-x")
     with pytest.raises(ValueError, match="optim_step must be a positive number"):
         TinkerTimeouts(optim_step=0)
 
@@ -416,3 +410,18 @@ async def test_a_sampling_client_for_the_base_model_is_the_kl_reference(service:
             loaded = await backend.create_sampling_client(base_model=BASE_MODEL, model_path=saved.model_path)
             assert loaded.model_path == saved.model_path and loaded.sdk_client.weights_step == 1
     assert service.loop_errors == []
+
+
+async def test_an_image_datum_reaches_the_service_whole(service: StandinServiceClient) -> None:
+    # tinker-cookbook 0.6.1 trains image observations on Tinker; TinkerBackend passes their chunks on.
+    from trio_rl import TokensWithLogprobs, Trajectory, Transition, trajectory_to_data
+
+    image = tinker_types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
+    ob = tinker_types.ModelInput(chunks=[tinker_types.EncodedTextChunk(tokens=[1, 2]), image])
+    trajectory = Trajectory([Transition(ob, TokensWithLogprobs([3, 4], [-0.5, -0.25]), 1.0, True)], ob)
+    data = trajectory_to_data(trajectory, 1.0)
+    with trio.fail_after(5):
+        async with TinkerBackend(service_client=service) as backend:
+            client = await new_client(backend)
+            await (await client.forward_backward(data, "importance_sampling")).result()
+    assert service.trained_chunk_types == [[["encoded_text", "image", "encoded_text"]]]

@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import (
+
+from tests.polling import wait_until
+from tests.tinker_sdk_standin import (
     StandinAPIFuture,
     StandinError,
     StandinServiceClient,
     open_standin_service,
 )
-
 from trio_rl.backends._future_bridge import (
     RemoteTimeoutError,
     as_concurrent_future,
@@ -49,11 +50,6 @@ def sampler(service: StandinServiceClient) -> Any:
 
 def complete_later(fut: concurrent.futures.Future[Any], value: Any, delay: float) -> None:
     threading.Timer(delay, fut.set_result, args=(value,)).start()
-
-
-async def wait_until(condition: Any, *, poll: float = 0.002) -> None:
-    while not condition():
-        await trio.sleep(poll)
 
 
 async def test_waits_for_a_future_completed_by_another_thread() -> None:
@@ -120,7 +116,7 @@ async def test_rejects_asyncio_only_futures() -> None:
             return 1
 
     assert not is_sdk_future(AsyncioOnly())
-    with pytest.raises(TypeError, match="no .future"):
+    with pytest.raises(TypeError, match=r"no \.future"):
         await await_future(AsyncioOnly(), what="x", timeout=1)  # type: ignore[arg-type]
 
 
@@ -177,9 +173,8 @@ def test_deadline_message_for_a_round_number() -> None:
 
 
 async def test_remote_deadline_rejects_negative_timeouts() -> None:
-    with pytest.raises(ValueError, match="must be >= 0"):
-        with remote_deadline("x", -1.0):
-            pass
+    with pytest.raises(ValueError, match="must be >= 0"), remote_deadline("x", -1.0):
+        pass
 
 
 def test_future_finishing_after_the_run_ended_raises_nothing_in_the_sdk_thread(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,9 +22,10 @@ import pytest
 import tinker
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import StandinServiceClient, open_standin_service
 
 from tests.pipeline_helpers import make_config
+from tests.polling import wait_until
+from tests.tinker_sdk_standin import StandinServiceClient, open_standin_service
 from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.async_loss import with_async_loss
@@ -62,12 +63,6 @@ async def train_one_step(client: TinkerTrainingClient) -> None:
     )
     await (await client.forward_backward([datum], "cross_entropy")).result()
     await (await client.optim_step(ADAM)).result()
-
-
-async def wait_until(condition: Callable[[], bool], *, poll: float = 0.001) -> None:
-    # Polled: the stand-in changes it on a thread of its own, which cannot set a trio.Event.
-    while not condition():  # noqa: ASYNC110
-        await trio.sleep(poll)
 
 
 def refusal(kind: str) -> Exception:
@@ -112,11 +107,12 @@ async def test_an_inflight_save_follows_the_optim_step_submitted_before_it(servi
                     "weights": compat.tensor([1, 1], "float32"),
                 },
             )
-            pending = [await client.forward_backward([datum], "cross_entropy"), await client.optim_step(ADAM)]
+            trained = await client.forward_backward([datum], "cross_entropy")
+            stepped = await client.optim_step(ADAM)
             # Saved without waiting for the step: the submit order alone puts it after.
             inflight = await client.save_weights_for_sampler("000001", inflight=True)
-            for result in pending:
-                await result.result()
+            await trained.result()
+            await stepped.result()
     submits = [op for what, _, op, _ in service.events if what == "submit"]
     assert submits == ["forward_backward", "optim_step", SAVE]
     assert inflight.sdk_client.weights_step == 1
@@ -262,13 +258,16 @@ async def test_a_server_refusing_inflight_weights_fails_the_run_before_any_rollo
 @needs_inflight
 def test_the_command_line_reports_a_refused_inflight_save_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("tyro")  # the command line's; the SkyRL stage's venv has none
-    from trio_rl.cli import EXIT_CONFIG_ERROR, run_cli
+    from trio_rl.cli import EXIT_CONFIG_ERROR, Reporting, run_cli
 
     out = io.StringIO()
     with open_standin_service(inflight_refusal=refusal("request_failed")) as service:
         backend = TinkerBackend(service_client=service)
         code = run_cli(
-            inflight_config(tmp_path / "run"), dataset=FakeDataset(2, 4), backend=backend, progress=False, out=out
+            inflight_config(tmp_path / "run"),
+            dataset=FakeDataset(2, 4),
+            backend=backend,
+            reporting=Reporting(progress=False, out=out),
         )
     assert code == EXIT_CONFIG_ERROR
     (line,) = out.getvalue().splitlines()

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import trio
 from tinker import types as tinker_types
-from tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 
 from tests.pipeline_helpers import make_config
+from tests.tinker_sdk_standin import StandinError, StandinServiceClient, open_standin_service
 from trio_rl import ConfigError, TokensWithLogprobs, Trajectory, Transition, train, trajectory_to_data
 from trio_rl._tinker_compat import HAS_STABLE_REINFORCE
 from trio_rl.backends.tinker import TinkerBackend, TinkerTrainingClient

@@ -13,13 +13,18 @@ from trio.testing import MockClock
 
 from tests.conftest import read_metrics_by_step
 from tests.pipeline_helpers import make_config, run_fake
+from tests.work_items import finished_group, work_item
 from trio_rl import AsyncConfig, TokensWithLogprobs, Trajectory, Transition
 from trio_rl import _tinker_compat as compat
 from trio_rl.loop.step_metrics import token_lag_metrics
-from trio_rl.loop.work import FinishedGroup, ItemKey, WorkItem
 from trio_rl.rl.data import trained_tokens_by_version
-from trio_rl.rl.summary import GroupSummary
-from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvGroupBuilder, FakeEnvSpec, FakeSamplingClient
+from trio_rl.testing import (
+    FakeBackend,
+    FakeDataset,
+    FakeEnvSpec,
+    FakeSamplerModel,
+    FakeSamplingClient,
+)
 from trio_rl.types import PARSE_ERROR_MASKED_METRIC_KEY
 
 
@@ -27,12 +32,6 @@ def _transition(tokens: int, versions: list[int] | None, masked: bool = False) -
     action = TokensWithLogprobs([7] * tokens, [-0.5] * tokens, token_versions=versions)
     metrics = {PARSE_ERROR_MASKED_METRIC_KEY: 1.0} if masked else {}
     return Transition(compat.model_input_from_ints([1, 2]), action, 0.0, True, metrics=metrics)
-
-
-def _finished(version: int, trained_tokens: int, versions: tuple[tuple[int, int], ...] | None) -> FinishedGroup:
-    item = WorkItem(ItemKey(0, 0), 0, FakeEnvGroupBuilder((0, 0), FakeEnvSpec(), []), attempt=0, min_version=0)
-    summary = GroupSummary((1.0, 0.0), 2, trained_tokens, 2, (), (), 0, (), 0, trained_tokens, versions)
-    return FinishedGroup(item, version, summary, [], [])
 
 
 def test_only_unmasked_action_tokens_are_tallied_by_version() -> None:
@@ -55,27 +54,41 @@ def test_one_trained_action_without_versions_makes_the_tally_unknown() -> None:
 
 def test_token_lags_are_weighted_by_tokens_from_their_versions() -> None:
     # Step 10: 3 tokens of version 9 (lag 1), 1 of version 6 (lag 4); a group from version 8 without versions.
-    groups = [_finished(6, 4, ((6, 1), (9, 3))), _finished(8, 4, None)]
+    groups = [
+        finished_group(work_item(0), 6, trained_tokens=4, token_versions=((6, 1), (9, 3))),
+        finished_group(work_item(0), 8, trained_tokens=4, token_versions=None),
+    ]
     metrics = token_lag_metrics(10, groups)
     assert metrics == {"async/token_lag_mean": (3 * 1 + 1 * 4 + 4 * 2) / 8, "async/token_lag_max": 4}
 
 
 def test_an_inflight_run_without_versions_records_the_bound_and_says_so() -> None:
-    exact = token_lag_metrics(10, [_finished(6, 4, ((6, 1), (9, 3)))], inflight=True)
+    exact = token_lag_metrics(
+        10, [finished_group(work_item(0), 6, trained_tokens=4, token_versions=((6, 1), (9, 3)))], inflight=True
+    )
     assert "async/token_lag_is_bound" not in exact
-    bound = token_lag_metrics(10, [_finished(6, 4, ((6, 1), (9, 3))), _finished(7, 2, None)], inflight=True)
+    bound = token_lag_metrics(
+        10,
+        [
+            finished_group(work_item(0), 6, trained_tokens=4, token_versions=((6, 1), (9, 3))),
+            finished_group(work_item(0), 7, trained_tokens=2, token_versions=None),
+        ],
+        inflight=True,
+    )
     assert bound["async/token_lag_is_bound"] == 1.0
     assert bound["async/token_lag_max"] == 4 and bound["async/token_lag_mean"] == (3 + 4 + 2 * 3) / 6
-    assert token_lag_metrics(10, [_finished(7, 0, None)]) == {}
+    assert token_lag_metrics(10, [finished_group(work_item(0), 7, trained_tokens=0, token_versions=None)]) == {}
 
 
 def _longtail_backend(**kwargs: Any) -> FakeBackend:
     return FakeBackend(
-        sample_slots=6,
-        token_latency=0.01,
-        response_length=lambda prompt, index: 3 + (prompt[1] * 37 + prompt[0] * 11 + index * 17) % 90,
         train_latency=0.2,
         **kwargs,
+        sampler=FakeSamplerModel(
+            slots=6,
+            token_latency=0.01,
+            response_length=lambda prompt, index: 3 + (prompt[1] * 37 + prompt[0] * 11 + index * 17) % 90,
+        ),
     )
 
 
@@ -137,9 +150,10 @@ class _SilentInflightClient(FakeSamplingClient):
 async def test_an_inflight_run_on_a_backend_that_does_not_say_records_the_group_bound(
     log_path: Path, autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trio_rl.testing as testing
+    import trio_rl.testing.clients as fake_clients
 
-    monkeypatch.setattr(testing, "FakeSamplingClient", _SilentInflightClient)
+    # The training client builds its sampling clients by this module's name.
+    monkeypatch.setattr(fake_clients, "FakeSamplingClient", _SilentInflightClient)
     config = make_config(
         log_path, "oldest_first", async_config=AsyncConfig(2, 4, inflight_weights=True, loss_fn="importance_sampling")
     )

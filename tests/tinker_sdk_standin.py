@@ -249,6 +249,8 @@ class StandinServiceClient:
         self.trained_prompt_heads: list[list[tuple[int, ...]]] = []
         """For every ``forward_backward`` served, the distinct first two prompt tokens of its data
         (a fake env's group, see ``trio_rl.testing.FakeEnv``)."""
+        self.trained_chunk_types: list[list[list[str]]] = []
+        """Per forward_backward, each datum's model_input chunk types (the service takes images)."""
         self.sampler_kinds: list[str] = []
         """The ``kind`` of every ``save_weights_and_get_sampling_client`` served, in order."""
         self.samples_started = 0
@@ -554,7 +556,8 @@ class StandinTrainingClient:
                 self.service._check_stability(loss_fn, data)
             with self.service._lock:
                 self.service.trained_losses.append(loss_fn)
-                self.service.trained_prompt_heads.append(sorted({tuple(d.model_input.to_ints()[:2]) for d in data}))
+                self.service.trained_prompt_heads.append(sorted({_text_head(d.model_input) for d in data}))
+                self.service.trained_chunk_types.append([[c.type for c in d.model_input.chunks] for d in data])
             outputs: list[dict[str, tinker_types.TensorData]] = []
             total = 0.0
             for datum in data:
@@ -839,3 +842,9 @@ def standin_service() -> Iterator[StandinServiceClient]:
     """A default stand-in service client (0.38 style, millisecond latencies)."""
     with open_standin_service() as service:
         yield service
+
+
+def _text_head(model_input: tinker_types.ModelInput) -> tuple[int, ...]:
+    """The first two token ids of ``model_input``'s text chunks (image chunks hold none)."""
+    chunks = model_input.chunks
+    return tuple([t for c in chunks if isinstance(c, tinker_types.EncodedTextChunk) for t in c.tokens[:2]][:2])

@@ -19,6 +19,7 @@ from .loop.oldest_first import OldestFirst
 from .loop.schedules import Pace, Requeue, Schedule, Stream, Sync
 from .loop.train import RunHandle, TrainResult, run, train
 from .rl.data import assemble_training_data, compute_advantages, remove_constant_reward_groups, trajectory_to_data
+from .rl.epochs import EpochCycledDataset
 from .rl.kl import KLReferenceConfig
 from .rl.metrics import trajectory_metrics
 from .rl.rollouts import (
@@ -31,6 +32,7 @@ from .rl.rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
+from .rl.termination import TerminationRewardPolicy
 from .rl.test_set import RLTestSetEvaluator
 from .types import (
     PARSE_ERROR_MASKED_METRIC_KEY,
@@ -71,6 +73,7 @@ __all__ = [
     "DualSamplingClient",
     "Env",
     "EnvGroupBuilder",
+    "EpochCycledDataset",
     "ErrorStrategy",
     "EvaluationTimeoutError",
     "FailFast",
@@ -103,6 +106,7 @@ __all__ = [
     "Stream",
     "StreamMinibatchConfig",
     "Sync",
+    "TerminationRewardPolicy",
     "Tokenizer",
     "TokensWithLogprobs",
     "TrainResult",

@@ -138,6 +138,22 @@ def model_input_from_ints(tokens: list[int]) -> tinker_types.ModelInput:
     return _new_model_input({"chunks": [chunk]}, _MODEL_INPUT_FIELDS_SET)  # type: ignore[no-any-return]
 
 
+def token_ids(model_input: tinker_types.ModelInput, where: str) -> list[int]:
+    """The token ids of ``model_input``, for the local backends, which take token chunks only.
+
+    Raises:
+        ValueError: ``model_input`` holds another chunk (an image), naming ``where`` and the chunk.
+    """
+    for chunk in model_input.chunks:
+        if not isinstance(chunk, tinker_types.EncodedTextChunk):
+            raise ValueError(
+                f"{where} holds a {type(chunk).__name__} (type {getattr(chunk, 'type', '?')!r}); the local "
+                "backends (LocalBackend, HFBackend) take token chunks only, so observations with images "
+                "sample and train on TinkerBackend"
+            )
+    return model_input.to_ints()
+
+
 def token_count(model_input: tinker_types.ModelInput) -> int:
     """``model_input.length``, without a generator for the usual single chunk."""
     chunks = model_input.chunks

@@ -279,6 +279,13 @@ class UserCodeRunner:
         # even its first line runs with a running asyncio loop.
         return await trio_asyncio.aio_as_trio(fn, loop=loop)(*args, **kwargs)  # type: ignore[no-any-return]
 
+    def trio_from_asyncio(self, method: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
+        """What an asyncio task on this runner's loop awaits to run the Trio coroutine ``method(*args)``."""
+        trio_asyncio = _import_trio_asyncio()
+        # The running loop, not trio-asyncio's context variable: that one is set
+        # only in the task that opened the loop, not in tasks user code spawns.
+        return trio_asyncio.trio_as_aio(method, loop=asyncio.get_running_loop())(*args)  # type: ignore[no-any-return]
+
     async def call_evaluator(self, evaluator: Callable[[Any], Awaitable[T]], client: SamplingClient) -> T:
         """Run ``evaluator(client)``; a bridged evaluator gets a :class:`DualSamplingClient`."""
         if self.bridge_mode == "never" or self.flavour(evaluator) == "trio":
@@ -311,6 +318,14 @@ class UserCodeRunner:
 
 _NATIVE = UserCodeRunner("never", None)
 _current_runner: ContextVar[UserCodeRunner] = ContextVar("trio_rl_user_code_runner", default=_NATIVE)
+
+RunnerFactory = Callable[[BridgeMode, trio.Nursery], UserCodeRunner]
+"""Makes a run's :class:`UserCodeRunner` from its mode and the nursery its helpers run in."""
+
+runner_factory: ContextVar[RunnerFactory] = ContextVar("trio_rl_runner_factory", default=UserCodeRunner)
+"""How :func:`open_user_code_runner` makes a run's runner: by default one that opens its own
+trio-asyncio loop; :mod:`trio_rl.cookbook` sets one that runs asyncio calls on the host loop
+of a Trio guest run. Set it in the context the run starts from."""
 
 
 def current_runner() -> UserCodeRunner:
@@ -368,7 +383,7 @@ async def open_user_code_runner(mode: BridgeMode) -> AsyncIterator[UserCodeRunne
     unwrap = False
     try:
         async with trio.open_nursery() as loop_nursery:
-            runner = UserCodeRunner(mode, loop_nursery)
+            runner = runner_factory.get()(mode, loop_nursery)
             token = _current_runner.set(runner)
             try:
                 yield runner
@@ -431,10 +446,7 @@ class DualSamplingClient:
 
     def _dispatch(self, method: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
         if _in_asyncio():
-            trio_asyncio = _import_trio_asyncio()
-            # The running loop, not trio-asyncio's context variable: that one is set
-            # only in the task that opened the loop, not in tasks user code spawns.
-            return trio_asyncio.trio_as_aio(method, loop=asyncio.get_running_loop())(*args)  # type: ignore[no-any-return]
+            return _current_runner.get().trio_from_asyncio(method, *args)
         return method(*args)
 
     def sample(
@@ -482,11 +494,13 @@ __all__ = [
     "BridgeMode",
     "DualSamplingClient",
     "Flavour",
+    "RunnerFactory",
     "UserCodeRunner",
     "call_evaluator",
     "call_user",
     "current_runner",
     "flavour_of",
     "open_user_code_runner",
+    "runner_factory",
     "runs_on",
 ]

@@ -32,16 +32,18 @@ import longtail_workload as workload
 
 from trio_rl import _tinker_compat as compat
 from trio_rl.base.determinism import settle
-from trio_rl.testing import FakeBackend, FakeSamplingClient
+from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient
 
 
 async def cookbook_schedule(steps: int, k: int, draw: int = 0) -> dict[str, float]:
     """Makespan, group staleness and token-weighted lag of 0.6.1's policy on the workload."""
     backend = FakeBackend(
-        sample_slots=workload.SAMPLE_SLOTS,
-        token_latency=workload.TOKEN_LATENCY_S,
         train_latency=workload.TRAIN_S,
-        response_length=functools.partial(workload.response_length, draw=draw),
+        sampler=FakeSamplerModel(
+            slots=workload.SAMPLE_SLOTS,
+            token_latency=workload.TOKEN_LATENCY_S,
+            response_length=functools.partial(workload.response_length, draw=draw),
+        ),
     )
     training = await backend.create_training_client(base_model="fake")
     per_step = workload.GROUPS_PER_STEP

@@ -25,7 +25,7 @@ written: no console table, no logtree HTML, no rollout JSON export.
 With ``--longtail`` the work model is instead ``bench/longtail_workload.py``'s (issue 20):
 8 groups x 8 samples per step, each response's length drawn from its prompt's first
 three tokens and its sample index, a sampler of 128 slots at 0.5 ms per token
-(:class:`SlotSampler`, the model of ``trio_rl.testing.FakeBackend``'s ``sample_slots``
+(:class:`SlotSampler`, the model of ``trio_rl.testing.FakeSamplerModel``'s ``slots``
 and ``token_latency``), ``forward_backward`` 0.1 s, ``max_tokens`` 4,096.
 """
 
@@ -75,7 +75,7 @@ class SlotSampler:
 
     Every duration is known when its request arrives, so the request simply takes
     the slot that frees first: that is first-come-first-served queueing, the
-    model of ``trio_rl.testing.FakeBackend`` with ``sample_slots``. Ends follow
+    model of ``trio_rl.testing.FakeBackend`` with ``FakeSamplerModel(slots=...)``. Ends follow
     from the schedule, not from when the event loop woke a sequence up, so the
     loop's own latency is paid by the loop and does not pile up in the sampler.
     """

@@ -24,7 +24,7 @@ from tinker_cookbook.renderers import Message, get_renderer
 from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, TrainResult, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer
-from trio_rl.testing import FakeBackend, FakeSamplingClient, FakeTrainingClient
+from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient, FakeTrainingClient
 from trio_rl.types import EnvGroupBuilder, RLDataset
 
 ALPHABET = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
@@ -80,7 +80,9 @@ def run_training(
     config = Config(**fields)
 
     async def main() -> TrainResult:
-        chosen = backend or FakeBackend(seed=0, vocab_size=TOKENIZER.vocab_size, record_calls=False)
+        chosen = backend or FakeBackend(
+            seed=0, record_calls=False, sampler=FakeSamplerModel(vocab_size=TOKENIZER.vocab_size)
+        )
         with trio.fail_after(RUN_TIMEOUT_S):
             async with chosen:
                 if setup is not None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or verify) the virtual environment for the tinker-cookbook suite.
 #
-# It holds tinker-cookbook 0.6.1 next to trio_rl (editable, from this checkout).
+# It holds tinker-cookbook 0.6.1 next to trio_rl (editable, from this checkout), and
+# peft, which HFBackend needs to train the recipes of test_cookbook_drop_in.py.
 # The cookbook declares tml-renderers>=0.4.1, which the package index here does
 # not have; its RL code never imports it, so the cookbook goes in with --no-deps
 # and its other runtime requirements are named one by one below.
@@ -40,7 +41,7 @@ for name, version in {"tinker-cookbook": cookbook_v, "tinker": tinker_v, "trio-a
         sys.exit(1)
 if metadata.version("torch").split("+")[0] != torch_v:
     sys.exit(1)
-for name in ("math-verify", "pylatexenc", "transformers", "tokenizers", "pytest", "pytest-trio"):
+for name in ("math-verify", "pylatexenc", "transformers", "tokenizers", "peft", "pytest", "pytest-trio"):
     metadata.version(name)
 import trio_rl
 if not Path(trio_rl.__file__).resolve().is_relative_to(Path(repo).resolve()):
@@ -62,7 +63,7 @@ else
     quiet_pip install --quiet "torch==$TORCH_VERSION" "tinker==$TINKER_VERSION" \
         aiohttp anyio blobfile chz cloudpickle datasets huggingface-hub numpy pillow pydantic pyrage \
         rich safetensors termcolor tiktoken tqdm 'transformers>=4.57.6,!=5.3.0,!=5.4.*,!=5.5.*,!=5.6.*' \
-        math-verify pylatexenc
+        math-verify pylatexenc 'peft>=0.17'
     log "installing trio_rl (editable) with trio-asyncio and the test runner"
     quiet_pip install --quiet "torch==$TORCH_VERSION" "tinker==$TINKER_VERSION" \
         "trio-asyncio==$TRIO_ASYNCIO_VERSION" -e "$REPO[test]"

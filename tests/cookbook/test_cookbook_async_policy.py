@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import selectors
 from pathlib import Path
 from typing import Any
@@ -122,5 +123,5 @@ def test_every_step_trains_the_same_groups_as_cookbook_0_6_1s_async_loop(
     everything = {(b, g) for b in range(steps) for g in range(GROUPS_PER_STEP)}
     assert set().union(*theirs) == everything and len(theirs) == steps
     # Stragglers: some step trains a group started before the previous step's groups.
-    assert any(min(step) < max(previous) for previous, step in zip(theirs, theirs[1:], strict=False))
+    assert any(min(step) < max(previous) for previous, step in itertools.pairwise(theirs))
     assert ours == theirs

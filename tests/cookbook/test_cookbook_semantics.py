@@ -16,7 +16,7 @@ from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 from bench.cookbook_keys import COOKBOOK_KEYS, compare
 from tests.cookbook.cookbook_fixtures import RENDERER, TOKENIZER, run_training
 from trio_rl import RetryOnFailure
-from trio_rl.testing import FakeBackend
+from trio_rl.testing import FakeBackend, FakeSamplerModel
 
 TOKEN_KINDS = {"sampled", "prefill_cached", "prefill_uncached", "trained"}
 
@@ -67,7 +67,7 @@ def test_trio_rl_resumes_a_run_folder_the_cookbook_wrote(tmp_path: Path) -> None
     )
     (row,) = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
     assert "cursor" not in row
-    backend = FakeBackend(seed=0, vocab_size=TOKENIZER.vocab_size, record_calls=False)
+    backend = FakeBackend(seed=0, record_calls=False, sampler=FakeSamplerModel(vocab_size=TOKENIZER.vocab_size))
     backend.states["fake://state/000002"] = 2  # the state the cookbook saved on its service
     dataset = ArithmeticDataset(batch_size=2, renderer=RENDERER, group_size=2, n_batches=4)
     result = run_training(tmp_path, "sync", dataset, 2, backend=backend, resume=True)

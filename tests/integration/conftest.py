@@ -27,7 +27,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import skyrl_server` / `tiny_model`
 
-from skyrl_server import DUMMY_API_KEY, SkyRLServer, running_server  # noqa: E402
+from skyrl_server import DUMMY_API_KEY, SkyRLServer, running_server
 
 SDK_MAX_VERSION_EXCLUSIVE = (0, 25)
 """skyrl 0.3.0 parses JSON only; tinker 0.25+ sends protobuf and hangs on it."""

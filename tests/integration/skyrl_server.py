@@ -264,7 +264,7 @@ class SkyRLServer:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.workdir,
-                preexec_fn=_set_parent_death_signal,
+                preexec_fn=_set_parent_death_signal,  # safe: no threads started yet
             )
         _wait_ready(self, startup_timeout_s, log_offset=offset)
 
@@ -509,14 +509,14 @@ def running_server(
         t1 = time.monotonic()
         env = server_env(root, jax_cache=jax_cache)
         with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+            process = subprocess.Popen(  # our own interpreter and script
                 command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 cwd=root,
-                preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - no threads started yet
+                preexec_fn=_set_parent_death_signal,  # safe: no threads started yet
             )
         server = SkyRLServer(
             base_url=f"http://127.0.0.1:{port}",

@@ -128,7 +128,7 @@ async def test_each_pipeline_loss_round_trips(skyrl_server: SkyRLServer) -> None
                 # One positive and one negative advantage, as a GRPO group gives.
                 data = [
                     datum
-                    for trajectory, advantage in zip(trajectories, (1.0, -1.0))
+                    for trajectory, advantage in zip(trajectories, (1.0, -1.0), strict=True)
                     # Submitted as the pipeline submits it: without the action mask.
                     for datum in map(without_mask, trajectory_to_data(trajectory, advantage, loss_fn))
                 ]
@@ -138,7 +138,7 @@ async def test_each_pipeline_loss_round_trips(skyrl_server: SkyRLServer) -> None
                 assert "loss:sum" not in output.metrics  # SkyRL's difference from the service
                 assert len(output.loss_fn_outputs) == len(data), loss_fn
                 total = 0.0
-                for datum, out in zip(data, output.loss_fn_outputs):
+                for datum, out in zip(data, output.loss_fn_outputs, strict=True):
                     logprobs = out["logprobs"].to_numpy().astype(np.float64)
                     losses = out["elementwise_loss"].to_numpy().astype(np.float64)
                     assert logprobs.shape == losses.shape == (datum.model_input.length,), loss_fn
@@ -165,7 +165,7 @@ async def test_unsupported_dro_loss_fails_fast(skyrl_server: SkyRLServer) -> Non
                 loss_fn_inputs=tensors(target_tokens=[6, 7, 8, 9], logprobs=[-1.0] * 4, advantages=[1.0] * 4),
             )
             started = time.monotonic()
-            with pytest.raises(Exception) as caught:  # noqa: PT011 - any prompt error is right
+            with pytest.raises(Exception) as caught:  # any prompt error is right
                 pending = await client.forward_backward([datum], "dro")
                 await pending.result()
             assert not isinstance(caught.value, RemoteTimeoutError), "dro hung until the deadline"

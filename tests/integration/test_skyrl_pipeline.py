@@ -129,7 +129,7 @@ class ArithmeticDataset(trio_rl.RLDataset):
             a, b = (7 * index + 3 * group) % 20, (5 * index + group + 1) % 10
             prompt = self.tokenizer.encode(f"What is {a} + {b}? Answer:")
             if self.bad_token is not None:
-                prompt = prompt + [self.bad_token]
+                prompt = [*prompt, self.bad_token]
             builders.append(ArithmeticGroup((index, group), prompt, a + b, self))
         return builders
 

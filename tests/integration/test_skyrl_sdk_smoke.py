@@ -52,7 +52,7 @@ def batch(training_client: Any) -> list[Any]:
     texts = ["What is 3 + 4? Answer: 7", "What is 12 + 5? Answer: 17"]
     return [
         _datum(tokenizer.encode(text, add_special_tokens=False), advantage=sign)
-        for text, sign in zip(texts, (1.0, -1.0))
+        for text, sign in zip(texts, (1.0, -1.0), strict=True)
     ]
 
 
@@ -72,7 +72,7 @@ def test_forward_backward_each_loss(training_client: Any, batch: list[Any], loss
     output = bounded_result(training_client.forward_backward(batch, loss_fn), f"forward_backward({loss_fn})")
     # skyrl returns no loss:sum metric; per-datum outputs are all there is.
     assert len(output.loss_fn_outputs) == len(batch)
-    for datum, out in zip(batch, output.loss_fn_outputs):
+    for datum, out in zip(batch, output.loss_fn_outputs, strict=True):
         logprobs = out["logprobs"].tolist()
         assert len(logprobs) == datum.model_input.length
         assert all(math.isfinite(v) and v <= 0.0 for v in logprobs)

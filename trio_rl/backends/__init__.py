@@ -19,15 +19,17 @@ from .protocol import Backend, PendingResult, SamplingClient, Tokenizer, Trainin
 
 if TYPE_CHECKING:
     from ._future_bridge import RemoteTimeoutError
-    from .hf import HFBackend
-    from .local import CharTokenizer, LocalBackend, ModelConfig
+    from .hf import HFBackend, HFModelSettings
+    from .local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
     from .tinker import InflightWeightsRefusedError, MissingApiKeyError, TinkerBackend, TinkerTimeouts
 
 _LAZY = {
     "LocalBackend": ".local",
     "ModelConfig": ".local",
     "CharTokenizer": ".local",
+    "EngineSettings": ".local",
     "HFBackend": ".hf",
+    "HFModelSettings": ".hf",
     "TinkerBackend": ".tinker",
     "TinkerTimeouts": ".tinker",
     "MissingApiKeyError": ".tinker",
@@ -38,7 +40,9 @@ _LAZY = {
 __all__ = [
     "Backend",
     "CharTokenizer",
+    "EngineSettings",
     "HFBackend",
+    "HFModelSettings",
     "InflightWeightsRefusedError",
     "LocalBackend",
     "MissingApiKeyError",

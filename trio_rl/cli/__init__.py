@@ -34,7 +34,7 @@ from .backend import LazyTokenizer, make_backend
 from .config_flags import CONFIG_FLAGS, field_docs
 from .flags import CommonArgs, make_config, parse_args
 from .reporting import DEBUG_ENV, ERROR_LOG, config_error_leaves
-from .run import Experiment, run_cli, run_example
+from .run import Experiment, Reporting, run_cli, run_example
 from .signals import (
     EXIT_CONFIG_ERROR,
     EXIT_ERROR,
@@ -58,6 +58,7 @@ __all__ = [
     "CommonArgs",
     "Experiment",
     "LazyTokenizer",
+    "Reporting",
     "config_error_leaves",
     "exit_quietly_on_stop_signals",
     "field_docs",

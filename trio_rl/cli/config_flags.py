@@ -1,11 +1,13 @@
-"""Config's fields as flags: each field's name, docstring and type make its flag, written nowhere else.
+"""Config's and AsyncConfig's fields as flags: each field's name, docstring and type make its flag, written nowhere else.
 
 A dataclass of flags holds a :class:`~trio_rl.Config` (``config: Config = ...``); parsed
 under :data:`CONFIG_FLAGS`, every field of that Config is a top-level ``--flag``, its
 docstring is the help, and the Config given as the default supplies the defaults. So an
 example that wants other defaults passes its own Config, and ``Config.validate`` checks the
 values. A few fields differ on the command line, and say so here: :data:`NOT_FLAGS`,
-:data:`FLAG_NAMES`, :data:`FLAG_TYPES`.
+:data:`FLAG_NAMES`, :data:`FLAG_TYPES`. An :class:`~trio_rl.AsyncConfig` among the flags
+(``async_flags: AsyncConfig = ...``) has its fields as flags the same way, except
+:data:`ASYNC_FROM_RUN_FLAGS`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ from tyro.constructors import (
     StructTypeInfo,
 )
 
-from ..config import LOSS_FNS, Config
+from ..config import LOSS_FNS, AsyncConfig, Config
 
-NOT_FLAGS = frozenset({"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config"})
+NOT_FLAGS = frozenset(
+    {"async_config", "stream_minibatch_config", "rollout_error_tolerance", "kl_reference_config", "termination"}
+)
 """Config's structured fields: the run's flags build them (``--mode``, ``--error-strategy``, ``--kl-reference-model``)."""
 FLAG_NAMES = {"base_model": "model"}
 """Flags named otherwise than their field."""
 FLAG_TYPES: dict[str, Any] = {"log_path": Path, "loss_fn": Literal.__getitem__(LOSS_FNS), "max_steps": int}
 """Narrower types on the command line: a path, the losses as choices, and a finite run where the default
 is one (examples size their data by it)."""
+ASYNC_FROM_RUN_FLAGS = frozenset({"groups_per_batch", "loss_fn"})
+"""AsyncConfig's fields that other flags set: ``--groups-per-batch`` (every mode's) and ``--loss-fn`` (Config's)."""
 
 
 def config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
@@ -66,15 +72,42 @@ def config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
     return StructConstructorSpec(instantiate=instantiate, fields=fields)
 
 
+def async_config_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
+    """tyro's rule for an :class:`AsyncConfig`: its fields as flags without a prefix, as :func:`config_rule` does.
+
+    Args:
+        info: the type tyro is about to parse, and its default (an AsyncConfig, for the defaults).
+
+    Returns:
+        How tyro builds an AsyncConfig from flags, or None for any other type.
+    """
+    if info.type is not AsyncConfig:
+        return None
+    default = info.default if isinstance(info.default, AsyncConfig) else None
+    types = typing.get_type_hints(AsyncConfig)
+    docs = field_docs(AsyncConfig)
+    fields = tuple(
+        _flag(f, default, types[f.name], docs.get(f.name))
+        for f in dataclasses.fields(AsyncConfig)
+        if f.name not in ASYNC_FROM_RUN_FLAGS
+    )
+
+    def instantiate(**values: Any) -> AsyncConfig:
+        return dataclasses.replace(default, **values) if default is not None else AsyncConfig(**values)
+
+    return StructConstructorSpec(instantiate=instantiate, fields=fields)
+
+
 CONFIG_FLAGS = ConstructorRegistry()
 """The registry to parse under (``with CONFIG_FLAGS: tyro.cli(...)``) so that a Config's fields are flags."""
 CONFIG_FLAGS.struct_rule(config_rule)
+CONFIG_FLAGS.struct_rule(async_config_rule)
 
 
-def _flag(f: dataclasses.Field[Any], config: Config | None, annotation: Any, helptext: str | None) -> StructFieldSpec:
-    """The flag of Config's field ``f``, its default taken from ``config`` (None: the field's own)."""
-    if config is not None:
-        default = getattr(config, f.name)
+def _flag(f: dataclasses.Field[Any], defaults: object | None, annotation: Any, helptext: str | None) -> StructFieldSpec:
+    """The flag of the field ``f``, its default taken from ``defaults`` (None: the field's own)."""
+    if defaults is not None:
+        default = getattr(defaults, f.name)
     else:
         default = f.default if f.default is not dataclasses.MISSING else MISSING_NONPROP
     # A None default keeps the field's own type, so that None stays a choice.

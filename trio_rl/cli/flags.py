@@ -19,10 +19,15 @@ from ..config import AsyncConfig, Config, StreamMinibatchConfig
 from ..errors import ConfigError
 from ..rl.kl import KLReferenceConfig
 from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
+from ..rl.termination import TerminationRewardPolicy
 from ..sinks import SinkName
 from .config_flags import CONFIG_FLAGS
 
 A = TypeVar("A", bound="CommonArgs")
+
+COMMAND_LINE_ASYNC_CONFIG = AsyncConfig(max_steps_off_policy=1, groups_per_batch=8)
+"""The AsyncConfig of :class:`CommonArgs`: its fields are the async flags, ``groups_per_batch`` and ``loss_fn`` aside
+(``--groups-per-batch`` and ``--loss-fn`` set those)."""
 
 COMMAND_LINE_CONFIG = Config(log_path="runs/example", max_steps=100, save_on_cancel=True)
 """The Config of :class:`CommonArgs`: Config's defaults, plus what a command line needs (a run folder, an
@@ -44,12 +49,8 @@ class CommonArgs:
     """the run's configuration; the example's own Config gives the defaults"""
     mode: Literal["sync", "stream", "async"] = "async"
     """sync (on-policy), stream (on-policy, minibatches trained as they fill) or async (off-policy)"""
-    staleness: Literal["oldest_first", "pace", "requeue"] = "oldest_first"
-    """async only: oldest_first (tinker-cookbook 0.6.1: each step trains the oldest completed groups, a straggler is trained late, nothing is discarded), pace (no group more than K steps stale, the strict bound of tinker-cookbook PR #822: a step waits for its stragglers) or requeue staler ones (0.5.5)"""
-    max_steps_off_policy: int = 1
-    """async only: K, how many steps stale a trained group may be"""
-    inflight_weights: bool = False
-    """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs --staleness oldest_first)"""
+    async_flags: AsyncConfig = COMMAND_LINE_ASYNC_CONFIG
+    """async only: the AsyncConfig whose fields are flags (--max-steps-off-policy, --staleness, --inflight-weights)"""
     num_minibatches: int = 2
     """stream only: minibatches per step (must divide --groups-per-batch)"""
     groups_per_batch: int = 8
@@ -68,6 +69,8 @@ class CommonArgs:
     """min-viable: the fewest successful rollouts that keep a group (None: ceil(0.75 * group size))"""
     kl_reference_model: str | None = None
     """with a KL penalty: the reference model (None: the --model being trained, as it started)"""
+    zero_reward_on_limit: bool = False
+    """clamp the reward of a trajectory that stopped on a limit to at most 0 (Config.termination, 0.6.1's policy)"""
     backend: Literal["local", "tinker"] = "local"
     """local (torch, in-process) or tinker (the Tinker service)"""
     base_url: str | None = None
@@ -149,6 +152,7 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     structured: dict[str, Any] = {
         "rollout_error_tolerance": _error_strategy(args),
         "kl_reference_config": KLReferenceConfig(reference) if config.kl_penalty_coef > 0 else None,
+        "termination": TerminationRewardPolicy(zero_reward_on_limit=True) if args.zero_reward_on_limit else None,
         "async_config": None,
         "stream_minibatch_config": None,
     }
@@ -156,12 +160,8 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     match args.mode:
         case "async":
             # The loss the example (or --loss-fn) chose, where the cookbook's AsyncConfig would train stable_reinforce.
-            structured["async_config"] = AsyncConfig(
-                args.max_steps_off_policy,
-                args.groups_per_batch,
-                args.staleness,
-                loss_fn=config.loss_fn,
-                inflight_weights=args.inflight_weights,
+            structured["async_config"] = dataclasses.replace(
+                args.async_flags, groups_per_batch=args.groups_per_batch, loss_fn=config.loss_fn
             )
         case "stream":
             structured["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)

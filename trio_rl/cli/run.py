@@ -85,36 +85,55 @@ async def _run(config: Config, run: _Run, watchers: _Watchers, ending: RunEnding
             break
 
 
+@dataclass(frozen=True, kw_only=True)
+class Reporting:
+    """How a command-line run reports (:func:`run_cli`'s ``reporting``).
+
+    Attributes:
+        curve_keys: evaluation metrics shown in the progress and plotted beside the reward.
+        progress: show progress on ``out``.
+        progress_every: steps per progress line off a terminal.
+        sinks: receive every record of ``metrics.jsonl``, in the same order; closed at the end.
+        out: where progress and messages go (default: stderr).
+        debug: print the whole traceback of a failure (also with ``TRIO_RL_DEBUG=1``).
+    """
+
+    curve_keys: Sequence[str] = ()
+    progress: bool = True
+    progress_every: int = 10
+    sinks: Sequence[MetricsSink] = ()
+    out: IO[str] | None = None
+    debug: bool = False
+
+
 def run_cli(
     config: Config,
     *,
     dataset: RLDataset,
     backend: Backend,
     evaluators: Sequence[SamplingClientEvaluator] = (),
-    curve_keys: Sequence[str] = (),
-    progress: bool = True,
-    progress_every: int = 10,
-    sinks: Sequence[MetricsSink] = (),
-    out: IO[str] | None = None,
-    debug: bool = False,
+    reporting: Reporting | None = None,
 ) -> int:
     """Train under ``trio.run`` with progress, sinks and a clean Ctrl-C; return the exit code.
 
     Args:
         config: the run's configuration.
         dataset, backend, evaluators: as for :func:`trio_rl.train`; ``backend`` not yet entered.
-        curve_keys: evaluation metrics shown in the progress and plotted beside the reward.
-        progress: show progress on ``out``; ``progress_every``: steps per line off a terminal.
-        sinks: receive every record of ``metrics.jsonl``, in the same order; closed at the end.
-        out: where progress and messages go (default: stderr).
-        debug: print the whole traceback of a failure (also with ``TRIO_RL_DEBUG=1``).
+        reporting: progress, sinks, where messages go and how much of a failure to print
+            (:class:`Reporting`; default: progress on stderr, no sinks).
 
     Returns:
         0 when the run finished, 130 when Ctrl-C stopped it (143 for SIGTERM), 2 for an
         invalid configuration, 1 when the run failed.
     """
-    stream: IO[str] = out if out is not None else sys.stderr
-    bar = RunProgress(stream, config.max_steps, eval_keys=curve_keys, every=progress_every) if progress else None
+    reporting = reporting or Reporting()
+    curve_keys, sinks = reporting.curve_keys, reporting.sinks
+    stream: IO[str] = reporting.out if reporting.out is not None else sys.stderr
+    bar = (
+        RunProgress(stream, config.max_steps, eval_keys=curve_keys, every=reporting.progress_every)
+        if reporting.progress
+        else None
+    )
     ending = RunEnding()
     hand_signals_to_trio()
     # The command line owns its process, so it may set the collector's policy.
@@ -134,7 +153,7 @@ def run_cli(
             bar.close()
         close_sinks(sinks)
     try:
-        return report(ending, Path(config.log_path), curve_keys, stream, debug)
+        return report(ending, Path(config.log_path), curve_keys, stream, reporting.debug)
     finally:
         restore_stop_signals()
 
@@ -201,10 +220,12 @@ def run_example(
         dataset=experiment.dataset,
         backend=backend,
         evaluators=experiment.evaluators,
-        curve_keys=experiment.curve_keys,
-        progress=args.progress,
-        progress_every=args.progress_every,
-        sinks=sinks,
-        out=stream,
-        debug=args.debug,
+        reporting=Reporting(
+            curve_keys=experiment.curve_keys,
+            progress=args.progress,
+            progress_every=args.progress_every,
+            sinks=sinks,
+            out=stream,
+            debug=args.debug,
+        ),
     )

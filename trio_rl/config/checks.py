@@ -51,9 +51,10 @@ def non_negative(name: str, value: float, fix: str) -> None:
 
 
 def in_range(
-    name: str, value: float, low: float, high: float, fix: str, *, low_open: bool = False, high_open: bool = False
+    name: str, value: float, bounds: tuple[float, float], fix: str, *, low_open: bool = False, high_open: bool = False
 ) -> None:
-    """Reject ``value`` outside ``[low, high]`` (either end open on request; NaN rejected); ``fix`` names the range."""
+    """Reject ``value`` outside ``bounds``, ``[low, high]`` (either end open on request; NaN rejected); ``fix`` names the range."""
+    low, high = bounds
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
     if not (above and below):  # also rejects NaN

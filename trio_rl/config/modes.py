@@ -55,36 +55,56 @@ class StreamMinibatchConfig:
 class AsyncConfig:
     """Off-policy training: rollouts keep sampling while the trainer trains.
 
-    Attributes:
-        max_steps_off_policy: K, how many steps behind the trainer a group's
-            sampling weights may be when it is trained.
-        groups_per_batch: groups per training step.
-        staleness: ``"oldest_first"`` (the default; tinker-cookbook 0.6.1's
-            ``do_async_training``): ``groups_per_batch * (K + 1)`` rollout slots,
-            each step trains the ``groups_per_batch`` completed groups sampled
-            from the oldest weights, leftovers carry over, a slow group is
-            trained when it finishes however stale (K bounds the slots, not the
-            staleness) and nothing is discarded; ``"pace"`` (the strict bound
-            of tinker-cookbook PR #822, unreleased) fixes each group's step
-            when it is handed out and never starts a group that could end up
-            more than K steps stale, so a step waits for its stragglers;
-            ``"requeue"`` (tinker-cookbook 0.5.5) resamples groups more than K
-            steps stale while the dataset still has data and drops them
-            (counted) afterwards.
-        loss_fn: the loss async runs train with, in place of ``Config.loss_fn``, as in
-            tinker-cookbook 0.6.1. ``None`` (the default) resolves per backend before
-            any work (:mod:`trio_rl.async_loss`): ``"stable_reinforce"`` on Tinker and
-            FakeBackend, as in the cookbook; on LocalBackend and HFBackend, which lack
-            it, ``"importance_sampling"`` with token-level truncated importance sampling
-            (``loss_fn_config={"tis_cap": 2.0}`` unless ``Config.loss_fn_config`` is set).
-            A ``Config.loss_fn`` other than its default and the resolved value is refused.
+    A field's docstring is also the help of its flag on the command line
+    (:mod:`trio_rl.cli.config_flags`), where ``groups_per_batch`` is the run's
+    ``--groups-per-batch`` and ``loss_fn`` is ``--loss-fn``.
     """
 
-    max_steps_off_policy: int
+    max_steps_off_policy: int | None
+    """async only: K, how many steps behind the trainer a group's sampling weights may be when it is trained
+    (None: take it from sampling_steps_ahead)"""
     groups_per_batch: int
+    """groups per training step"""
     staleness: Staleness = "oldest_first"
+    """async only: oldest_first (the default; tinker-cookbook 0.6.1's do_async_training: groups_per_batch * (K + 1)
+    rollout slots, each step trains the groups_per_batch completed groups sampled from the oldest weights, leftovers
+    carry over, a slow group is trained when it finishes however stale, nothing is discarded), pace (the strict bound
+    of tinker-cookbook PR #822, unreleased: each group's step is fixed when it is handed out, no group is more than K
+    steps stale, a step waits for its stragglers) or requeue (tinker-cookbook 0.5.5: groups more than K steps stale
+    are resampled while the dataset has data, and dropped, counted, afterwards)"""
     loss_fn: str | None = None
+    """the loss async runs train with, in place of Config.loss_fn, as in tinker-cookbook 0.6.1; None (the default)
+    resolves per backend before any work (trio_rl.async_loss): stable_reinforce on Tinker and FakeBackend, as in the
+    cookbook; on LocalBackend and HFBackend, which lack it, importance_sampling with token-level truncated importance
+    sampling (loss_fn_config tis_cap 2.0 unless Config.loss_fn_config is set); a Config.loss_fn other than its default
+    and the resolved value is refused"""
     inflight_weights: bool = False
+    """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs
+    staleness oldest_first and num_substeps 1)"""
+    sampling_steps_ahead: int | None = None
+    """async only: K under the name tinker-cookbook gives it after 0.6.1, the same knob as max_steps_off_policy
+    (give either, or both with one value); once constructed K is max_steps_off_policy and this reads None"""
+
+    def __post_init__(self) -> None:
+        old, new = self.max_steps_off_policy, self.sampling_steps_ahead
+        if old is not None and new is not None and old != new:
+            raise ConfigError(
+                "async_config.sampling_steps_ahead",
+                f"{new} differs from max_steps_off_policy={old}; they are one knob (its old and new name), give one",
+            )
+        if old is None and new is None:
+            raise ConfigError(
+                "async_config.max_steps_off_policy", "give K, as max_steps_off_policy or sampling_steps_ahead"
+            )
+        # One canonical spelling, so that equal configurations compare (and write config.json) alike.
+        object.__setattr__(self, "max_steps_off_policy", old if old is not None else new)
+        object.__setattr__(self, "sampling_steps_ahead", None)
+
+    @property
+    def steps_ahead(self) -> int:
+        """K, whichever name gave it."""
+        assert self.max_steps_off_policy is not None, "resolved in __post_init__"
+        return self.max_steps_off_policy
 
     def validate(self, num_substeps: int) -> None:
         """Reject a negative K, an empty step, an unknown policy, or steps that substeps cannot split.
@@ -92,13 +112,12 @@ class AsyncConfig:
         Raises:
             ConfigError: naming the field at fault.
         """
-        if self.max_steps_off_policy < 0:
-            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.max_steps_off_policy}")
+        if self.steps_ahead < 0:
+            raise ConfigError("async_config.max_steps_off_policy", f"K must be >= 0, got {self.steps_ahead}")
         positive("async_config.groups_per_batch", self.groups_per_batch, "at least 1 group per step")
         if self.staleness not in STALENESS_POLICIES:
-            raise ConfigError(
-                "async_config.staleness", f"use 'oldest_first', 'pace' or 'requeue', not {self.staleness!r}"
-            )
+            *others, last = map(repr, STALENESS_POLICIES)
+            raise ConfigError("async_config.staleness", f"use {', '.join(others)} or {last}, not {self.staleness!r}")
         divides("async_config.groups_per_batch", self.groups_per_batch, "num_substeps", num_substeps)
         if self.inflight_weights and self.staleness != "oldest_first":
             raise ConfigError(

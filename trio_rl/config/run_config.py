@@ -20,6 +20,7 @@ from ..rl.rollouts import (
     default_rollout_strategy_for_model,
     rollout_strategy_from_config,
 )
+from ..rl.termination import TerminationRewardPolicy
 from . import as_json
 from .checks import DEFAULT_LOSS_FN, check_known_loss, divides, in_range, non_negative, positive
 from .modes import AsyncConfig, StreamMinibatchConfig
@@ -72,6 +73,16 @@ class Config:
     """stop after this many training steps, counting those before a resume (None: when the data runs out)"""
     remove_constant_reward_groups: bool = False
     """drop groups whose rewards are all equal (they carry no advantage)"""
+    num_epochs: int = 1
+    """passes over the dataset (tinker-cookbook 0.6.1's): step i trains batch i % len(dataset); steps,
+    checkpoints and resume count across epochs, and max_steps caps the total"""
+    compute_post_kl: bool = False
+    """after each step, score its data under the new weights and log kl_pre_post_v1/v2 (0.6.1's metrics)"""
+    termination: TerminationRewardPolicy | None = None
+    """how a reward depends on the stop reason (0.6.1's TerminationRewardPolicy: grade, then clamp the
+    total of a limit-stopped trajectory to at most 0); None: rewards untouched"""
+    rolling_save_every: int = 0
+    """also save a resumable checkpoint every N steps not saved by save_every, reason "rolling" (0: none)"""
     kl_penalty_coef: float = 0.0
     """KL penalty against the reference model, added to the advantages as tinker-cookbook does (0: none)"""
     kl_discount_factor: float = 0.0
@@ -134,10 +145,6 @@ class Config:
             )
         return self.async_config.loss_fn
 
-    def inflight_weights(self) -> bool:
-        """Whether this run publishes its weights in flight (``async_config.inflight_weights``)."""
-        return self.async_config is not None and self.async_config.inflight_weights
-
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``).
 
@@ -191,7 +198,15 @@ class Config:
         _validate(self, dataset_batch_size)
 
 
-_NESTED_TYPES = (AsyncConfig, StreamMinibatchConfig, FailFast, RetryOnFailure, MinViableGroup, KLReferenceConfig)
+_NESTED_TYPES = (
+    AsyncConfig,
+    StreamMinibatchConfig,
+    FailFast,
+    RetryOnFailure,
+    MinViableGroup,
+    KLReferenceConfig,
+    TerminationRewardPolicy,
+)
 """The nested dataclasses :meth:`Config.to_json` may write."""
 
 
@@ -282,12 +297,12 @@ def _check_numbers(config: Config) -> None:
     positive("learning_rate", config.learning_rate, "a positive float such as 1e-4")
     positive("max_tokens", config.max_tokens, "a positive token count")
     non_negative("temperature", config.temperature, "0 samples greedily")
-    in_range("top_p", config.top_p, 0.0, 1.0, "(0, 1]; 1 disables nucleus sampling", low_open=True)
+    in_range("top_p", config.top_p, (0.0, 1.0), "(0, 1]; 1 disables nucleus sampling", low_open=True)
     if not (config.top_k == -1 or config.top_k >= 1):
         raise ConfigError("top_k", f"must be -1 (disabled) or >= 1, got {config.top_k}")
     positive("lora_rank", config.lora_rank, "a positive rank such as 32")
-    in_range("adam_beta1", config.adam_beta1, 0.0, 1.0, "[0, 1), such as 0.9", high_open=True)
-    in_range("adam_beta2", config.adam_beta2, 0.0, 1.0, "[0, 1), such as 0.95", high_open=True)
+    in_range("adam_beta1", config.adam_beta1, (0.0, 1.0), "[0, 1), such as 0.9", high_open=True)
+    in_range("adam_beta2", config.adam_beta2, (0.0, 1.0), "[0, 1), such as 0.95", high_open=True)
     positive("adam_eps", config.adam_eps, "a small positive float such as 1e-8")
     non_negative("weight_decay", config.weight_decay, "0 disables it")
     non_negative("grad_clip_norm", config.grad_clip_norm, "0 disables clipping")
@@ -296,6 +311,13 @@ def _check_numbers(config: Config) -> None:
     positive("eval_timeout", config.eval_timeout, "seconds, such as 1800")
     non_negative("eval_every", config.eval_every, "0 disables periodic evaluation")
     non_negative("save_every", config.save_every, "0 saves only the final state")
+    non_negative("rolling_save_every", config.rolling_save_every, "0 saves no rolling checkpoints")
+    if not (isinstance(config.num_epochs, int) and config.num_epochs >= 1):
+        raise ConfigError("num_epochs", f"must be an integer >= 1, got {config.num_epochs!r}")
+    if config.termination is not None and not isinstance(config.termination, TerminationRewardPolicy):
+        raise ConfigError(
+            "termination", f"must be a trio_rl TerminationRewardPolicy or None, not {type(config.termination).__name__}"
+        )
     if config.max_steps is not None:
         non_negative("max_steps", config.max_steps, "None trains until the data runs out")
     if config.num_workers is not None:

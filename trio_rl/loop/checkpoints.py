@@ -126,10 +126,12 @@ class CheckpointKeeper:
         client: the training client whose state is saved.
         ledger: the run's data ledger, read at each save.
         weights: the published weights, whose sampler path each row records.
-        shielded: finish a save that a cancellation interrupts (``Config.save_on_cancel``):
-            an interrupted save may still be writing, so it must not be started again.
-        cancel_save_timeout: how long a shielded save may go on once a cancellation
-            has come (``Config.cancel_save_timeout``); a save given up then is
+        save_on_cancel: when the run is cancelled, save the last completed step
+            (``Config.save_on_cancel``; the trainer asks :attr:`save_on_cancel`);
+            and finish a save that a cancellation interrupts: an interrupted
+            save may still be writing, so it must not be started again.
+        cancel_save_timeout: how long a save may go on once a cancellation has
+            come (``Config.cancel_save_timeout``); a save given up then is
             neither recorded nor started again.
     """
 
@@ -140,15 +142,17 @@ class CheckpointKeeper:
         ledger: DataLedger,
         weights: LatestWeights,
         *,
-        shielded: bool,
+        save_on_cancel: bool,
         cancel_save_timeout: float = math.inf,
     ) -> None:
         self._log = log
         self._client = client
         self._ledger = ledger
         self._weights = weights
-        self._shielded = shielded
-        self._cancel_save_timeout = cancel_save_timeout
+        self.save_on_cancel = save_on_cancel
+        """Whether a cancelled run saves its last completed step (``Config.save_on_cancel``)."""
+        self.cancel_save_timeout = cancel_save_timeout
+        """Seconds a save may take once the run is cancelled (``Config.cancel_save_timeout``)."""
         self._last: tuple[int, str] | None = None
         self._given_up: int | None = None
         self.final: CheckpointRecord | None = None
@@ -186,7 +190,7 @@ class CheckpointKeeper:
                 return None
             # The cancel-save runs in the caller's own shielded scope, whose
             # deadline (cancel_save_timeout) must bound it: no shield of ours there.
-            await self._save_state(step, shielded=self._shielded and reason != "cancelled")
+            await self._save_state(step, shielded=self.save_on_cancel and reason != "cancelled")
             if self._last is None or self._last[0] != step:
                 return None
         path = self._last[1]
@@ -240,4 +244,4 @@ class CheckpointKeeper:
             # By the caller's cancellation, or by us once the save is done. Not
             # raised on: a Cancelled leaving this nursery would come out in a
             # group, which the trainer's `except trio.Cancelled` does not catch.
-            shield.deadline = min(shield.deadline, trio.current_time() + self._cancel_save_timeout)
+            shield.deadline = min(shield.deadline, trio.current_time() + self.cancel_save_timeout)

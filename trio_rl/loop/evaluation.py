@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -108,25 +108,30 @@ class EvalRequests:
         schedule: EvalSchedule,
         send: trio.MemorySendChannel[tuple[int, SamplingClient]],
         weights: LatestWeights,
+        pinned: Callable[[int, SamplingClient], Awaitable[SamplingClient]],
         owed: OwedEvaluations | None = None,
-        pinned: Callable[[int, SamplingClient], Awaitable[SamplingClient]] | None = None,
+        owed_from_before: Sequence[tuple[int, SamplingClient]] = (),
     ) -> None:
         self._schedule = schedule
         self._send = send
         self._weights = weights
-        self.owed = owed if owed is not None else OwedEvaluations()
         self._pinned = pinned
+        self.owed = owed if owed is not None else OwedEvaluations()
+        self._owed_from_before = owed_from_before
+
+    async def request_owed(self) -> None:
+        """Ask for the evaluations a resumed run owes from before its checkpoint (each version with its weights)."""
+        for version, client in self._owed_from_before:
+            await self.request(version, client)
 
     async def request_if_due(self, version: int, *, final: bool = False) -> None:
         """Send ``version``'s sampling client to the evaluator if its evaluation is due.
 
-        With ``pinned`` (an in-flight run's ``StepRunner.weights_to_evaluate``), the
-        client sent is one pinned to ``version``'s weights.
+        The client sent is the one ``pinned`` (``StepRunner.weights_to_evaluate``)
+        gives for the latest: one that keeps ``version``'s weights while it samples.
         """
         if self._schedule.due(version, final=final):
-            client = self._weights.latest()[1]
-            if self._pinned is not None:
-                client = await self._pinned(version, client)
+            client = await self._pinned(version, self._weights.latest()[1])
             await self.request(version, client)
 
     async def request(self, version: int, client: SamplingClient) -> None:

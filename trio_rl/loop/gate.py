@@ -1,12 +1,23 @@
-"""The admission gate: how many groups the trainer has consumed, for the dataloader to wait on."""
+"""The admission gate: how many admission slots the trainer has freed, for the dataloader to wait on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import trio
+
+from .work import WorkItem
 
 
 class ConsumptionGate:
-    """Counts groups the trainer has consumed: trained (its step's weights published), skipped, filtered, resampled or dropped.
+    """Counts the admission slots freed by the trainer, each exactly once.
+
+    An item takes a slot when it is handed out for the first time (attempt 0).
+    Its slot is freed at the first fate of its group: trained (its step's
+    weights published), skipped, filtered, dropped, or sent back to be sampled
+    again. A copy handed out again holds no slot, so whatever becomes of it
+    (trained, sent back again, dropped) frees nothing: counting it too would let
+    one more fresh item in per resample, beyond the bound the dataloader keeps.
 
     The trainer is its only writer. The dataloader waits on it to bound what is
     handed out but not yet consumed: an item is handed out once ``consumed``
@@ -19,16 +30,23 @@ class ConsumptionGate:
         self.consumed = 0
         self._changed = trio.Event()
 
-    def consume(self, n: int = 1) -> None:
-        """Record ``n`` more consumed groups and wake the waiters."""
-        if n <= 0:
+    def free(self, items: Iterable[WorkItem]) -> None:
+        """Free the slots of ``items``' groups, which have met a fate, and wake the waiters.
+
+        Args:
+            items: work items whose groups were trained, skipped, filtered,
+                dropped or sent back; those handed out again (``attempt > 0``)
+                hold no slot and are passed over.
+        """
+        n = sum(1 for item in items if item.attempt == 0)
+        if n == 0:
             return
         self.consumed += n
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
     async def wait_for_change(self) -> None:
-        """Return at the next :meth:`consume`.
+        """Return at the next :meth:`free` that frees a slot.
 
         Check the condition you wait for, then call this with no checkpoint in
         between: a change after the check always wakes you.

@@ -3,10 +3,9 @@
 CPython's cyclic collector rescans every live object that survived earlier
 collections once enough new ones have survived too. A run's live heap is large
 (torch, tinker and pydantic's import-time objects, the model, and every group
-in flight), and with the default thresholds those scans took a third to a
-half of the pipeline's CPU per group in ``bench/scaling.py`` (537–555 against
-364 µs at 50 groups per batch, 834–857 against 453 at 5,000; the README has
-the table). Reference counting frees almost
+in flight), and with the default thresholds those scans took a large share of
+the pipeline's CPU per group in ``bench/scaling.py`` (the benchmarks page has
+the numbers). Reference counting frees almost
 everything the pipeline allocates; the cyclic collector only has to find the
 rare cycles (an exception's traceback, for one), and it can do that less often.
 """

@@ -41,8 +41,7 @@ class OldestFirst(Schedule):
     def __init__(
         self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, filter_constant: bool = False
     ) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
-        self.filter_constant = filter_constant
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._completed: list[FinishedGroup] = []
         self._planned: tuple[int, list[Minibatch]] = (-1, [])
 
@@ -56,7 +55,7 @@ class OldestFirst(Schedule):
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         assert not isinstance(delivery, AbandonedGroup), "OldestFirst never gives a rollout up"
         if isinstance(delivery, SkippedGroup):
             return Verdict.SKIP
@@ -64,6 +63,10 @@ class OldestFirst(Schedule):
             return Verdict.FILTER
         self._completed.append(delivery)
         return Verdict.KEEP
+
+    def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
+        # Filtered on arrival, so no step holds one to filter.
+        return ()
 
     def need(self, step: int, ended: bool) -> Need:
         if self._planned[0] == step:

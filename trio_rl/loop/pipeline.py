@@ -33,6 +33,8 @@ its groups' admission slots; last, the
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import trio
 
@@ -46,58 +48,49 @@ from .stages.dataloader import dataloader_with_workers
 from .stages.evaluator import EVAL_QUEUE_SIZE, Evaluation, evaluator
 from .stages.intake import GroupIntake
 from .stages.run import Run
-from .stages.trainer import Trainer, TrainerOutcome, TrainerSettings
+from .stages.trainer import Trainer, TrainerOutcome, TrainerParts, TrainerSettings
 from .stages.workers import RolloutSettings, WorkerPool
 from .step_runner import StepRunner
 from .work import Delivery, WorkItem
 
 
+@dataclass(frozen=True)
+class StageSettings:
+    """What each stage is given: the dataloader its items, the workers, the trainer and the evaluator their settings."""
+
+    items: DatasetItems
+    rollout: RolloutSettings
+    trainer: TrainerSettings
+    evaluation: Evaluation
+
+
 async def run_pipeline(
-    nursery: trio.Nursery,
-    run: Run,
-    *,
-    items: DatasetItems,
-    rollout: RolloutSettings,
-    trainer: TrainerSettings,
-    runner: StepRunner,
-    checkpoints: CheckpointKeeper,
-    evaluation: Evaluation,
+    nursery: trio.Nursery, run: Run, stages: StageSettings, *, runner: StepRunner, checkpoints: CheckpointKeeper
 ) -> TrainerOutcome:
     """Open the channels, start every stage in ``nursery``, and run the trainer in this task.
 
     ``nursery`` is the run's own (see :func:`trio_rl.train`): a crash anywhere
     cancels every stage, and the run's error is one group of the original errors.
     """
+    evaluation = stages.evaluation
     items_send, items_recv = trio.open_memory_channel[WorkItem](0)
     # Unbounded so that a worker never waits for the trainer to take its group;
     # admission already bounds what can pile up here.
     groups_send, groups_recv = trio.open_memory_channel[Delivery](math.inf)
-    # The back edge of a cycle must never block: the trainer sends without
-    # waiting, the dataloader drains.
-    resample_send, resample_recv = (
-        trio.open_memory_channel[WorkItem](math.inf) if run.schedule.resamples else (None, None)
-    )
     evals_send, evals_recv = trio.open_memory_channel[tuple[int, SamplingClient]](EVAL_QUEUE_SIZE)
     stop_rollouts = trio.CancelScope()
     owed = OwedEvaluations()
     crashes = Crashes()
     nursery.start_soon(crashes.watch, evaluator(evaluation, evals_recv, run.metrics, owed))
-    workers = WorkerPool(items_send, items_recv, groups_send, rollout, run)
-    nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, items, run, workers, resample_recv))
+    workers = WorkerPool(items_send, items_recv, groups_send, stages.rollout, run)
+    nursery.start_soon(crashes.watch, dataloader_with_workers(stop_rollouts, stages.items, run, workers))
     # A crashing trainer leaves its channels open, so that no stage mistakes
     # the crash for the end of data (and raises beside it).
-    with closed_unless_crashed(*(c for c in (groups_recv, evals_send, resample_send) if c is not None)):
-        schedule = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
-        # In flight, the latest client adopts later weights while it samples: evaluations get pinned ones.
-        pinned = runner.weights_to_evaluate if trainer.inflight_weights else None
-        evals = EvalRequests(schedule, evals_send, run.weights, owed, pinned)
-        return await Trainer(
-            trainer,
-            run=run,
-            intake=GroupIntake(groups_recv, run, resample_send, stop_rollouts),
-            runner=runner,
-            checkpoints=checkpoints,
-            evals=evals,
-            crashes=crashes,
-            owed_evaluations=evaluation.owed,
-        ).run()
+    with (
+        closed_unless_crashed(groups_recv, evals_send),
+        run.resampling.closed_unless_crashed() if run.resampling is not None else nullcontext(),
+    ):
+        due = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
+        evals = EvalRequests(due, evals_send, run.weights, runner.weights_to_evaluate, owed, evaluation.owed)
+        intake = GroupIntake(groups_recv, run, stop_rollouts)
+        return await Trainer(stages.trainer, run, TrainerParts(intake, runner, checkpoints, evals, crashes)).run()

@@ -1,6 +1,6 @@
 """One schedule per training mode: everything that differs between sync, stream, pace and requeue.
 
-| mode | a work item samples from | a step trains | sent back to be sampled again |
+| mode | a work item samples from | a step trains | resampled |
 |---|---|---|---|
 | :class:`Sync` | exactly the weights of its step (dataset batch ``s`` is step ``s``) | its batch, split into ``num_substeps`` optimizer steps | nothing |
 | :class:`Stream` | as Sync | its batch in ``num_minibatches`` minibatches, each submitted as soon as it fills | nothing |
@@ -18,8 +18,8 @@ counts or touches the ledger. The pipeline's stages ask it:
 - a rollout worker, :attr:`Schedule.samples_exact_version` and
   :meth:`Schedule.gives_up_at`: whether its weights are fixed in advance, and
   when a rollout is too stale to be worth finishing;
-- the trainer, for every group it receives, :meth:`Schedule.sort`: keep it for a
-  step, skip it (it failed), filter it out, or have it sampled again; at each step's start,
+- the trainer, for every group it receives, :meth:`Schedule.classify`: keep it for a
+  step, skip it (it failed), filter it out, or have it resampled; at each step's start,
   :meth:`Schedule.expired`: kept groups that became too stale; and for each
   minibatch, :meth:`Schedule.need` (must more groups arrive before it is
   decided?), :meth:`Schedule.stop_waiting_at` (until when, once the data has
@@ -38,6 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..base.splitting import split_evenly
+from ..rl.data import without_constant_rewards
 from .work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 
 
@@ -71,14 +72,14 @@ class Admission:
 
 
 class Verdict(enum.Enum):
-    """What becomes of a group the trainer received (see :meth:`Schedule.sort`)."""
+    """What becomes of a group the trainer received (see :meth:`Schedule.classify`)."""
 
     KEEP = enum.auto()
     """The schedule holds it for a step."""
     SKIP = enum.auto()
     """It failed beyond its error tolerance: counted, never trained, its slot free at once."""
     RESAMPLE = enum.auto()
-    """Too stale (or given up): sampled again while the dataset has data, else dropped."""
+    """Too stale (or given up): resampled while the dataset has data, else dropped."""
     FILTER = enum.auto()
     """No learning signal (constant rewards): counted as filtered, its tokens as discarded, never trained, its slot free at once."""
 
@@ -108,6 +109,16 @@ class Minibatch:
     groups: list[FinishedGroup]
     optim_step: bool
     skipped: int = 0
+    filtered: tuple[FinishedGroup, ...] = ()
+    """The groups of ``groups`` the schedule filtered out (constant rewards): the step takes them, and trains none."""
+
+    @property
+    def trained(self) -> list[FinishedGroup]:
+        """The groups to train: ``groups`` less ``filtered``, in order."""
+        if not self.filtered:
+            return self.groups
+        out = {id(group) for group in self.filtered}
+        return [group for group in self.groups if id(group) not in out]
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,7 @@ class StepClock:
         start: when the step being prepared began.
         steps: the steps this run began before it.
         data_ended: when the trainer, about to wait, found that every item had
-            been handed out and that none could be sampled again.
+            been handed out and that none could be resampled.
     """
 
     first_start: float
@@ -140,15 +151,22 @@ class Schedule(ABC):
             first dataset batch's size, which only names the usual step size).
         num_substeps: optimizer steps per training step.
         staleness_limit: K, how many steps stale a trained group may be (0 on-policy).
+        filter_constant: filter out groups whose rewards are all equal
+            (``remove_constant_reward_groups``): a step takes them and trains none
+            of them (:attr:`Minibatch.filtered`), or, where the schedule says so,
+            they are filtered the moment they arrive (:attr:`Verdict.FILTER`).
     """
 
     resamples = False
-    """Whether :meth:`sort` may answer :attr:`Verdict.RESAMPLE` (the pipeline then opens its back edge)."""
+    """Whether :meth:`classify` may answer :attr:`Verdict.RESAMPLE` (the run then has a :class:`~trio_rl.loop.resampling.Resampling`)."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
         self.groups_per_step = groups_per_step
         self.num_substeps = num_substeps
         self.staleness_limit = staleness_limit
+        self.filter_constant = filter_constant
 
     @property
     def samples_exact_version(self) -> bool:
@@ -169,7 +187,7 @@ class Schedule(ABC):
         """Which weights a fresh item may use, which step trains it, and when it may start."""
 
     @abstractmethod
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         """Keep, skip or resample a group received while the trainer prepares ``step``."""
 
     def expired(self, step: int) -> list[WorkItem]:
@@ -205,11 +223,24 @@ class Schedule(ABC):
         # of them can still be trained within K steps of the weights it starts on.
         return max(0, order - self.groups_per_step * (self.staleness_limit + 1) + 1)
 
+    def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
+        """Which of a step's (or a minibatch's) ``groups`` it takes without training them."""
+        if not self.filter_constant:
+            return ()
+        return tuple(group for group in groups if group.summary.constant_reward)
+
     def _substeps(self, step: int, groups: list[FinishedGroup], skipped: int = 0) -> tuple[int, list[Minibatch]]:
         """``groups`` as ``num_substeps`` minibatches with an ``optim_step`` each (a group is never split)."""
         chunks = [chunk for chunk in split_evenly(groups, self.num_substeps) if chunk] or ([[]] if skipped else [])
+        filtered = {id(group) for group in self._filtered(groups)}
         return step, [
-            Minibatch(chunk, optim_step=True, skipped=skipped if i == 0 else 0) for i, chunk in enumerate(chunks)
+            Minibatch(
+                chunk,
+                optim_step=True,
+                skipped=skipped if i == 0 else 0,
+                filtered=tuple(group for group in chunk if id(group) in filtered),
+            )
+            for i, chunk in enumerate(chunks)
         ]
 
 
@@ -225,14 +256,16 @@ def _on_policy_admission(position: Position, start_step: int) -> Admission:
 class _StepsKnownInAdvance(Schedule):
     """Schedules whose admission names each item's step and that step's size: Sync, Pace and Stream."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._by_step: dict[int, list[FinishedGroup]] = defaultdict(list)
         self._skipped_by_step: dict[int, int] = defaultdict(int)
         # Each step's group count, known once its first group arrives.
         self._sizes: dict[int, int] = {}
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         item_step = delivery.item.step
         assert not isinstance(delivery, AbandonedGroup) and item_step is not None
         self._sizes.setdefault(item_step, delivery.item.step_size or 0)
@@ -250,8 +283,10 @@ class _StepsKnownInAdvance(Schedule):
 class _FixedSteps(_StepsKnownInAdvance):
     """Step ``s`` trains exactly the items admitted for it (less those skipped), once all have arrived."""
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._planned: tuple[int, list[Minibatch]] = (-1, [])
 
     def need(self, step: int, ended: bool) -> Need:
@@ -274,8 +309,17 @@ class _FixedSteps(_StepsKnownInAdvance):
 class Sync(_FixedSteps):
     """On-policy: dataset batch ``s`` samples from the weights of step ``s`` and is trained as step ``s``.
 
-    An empty dataset batch has no step.
+    An empty dataset batch has no step. Where constant-reward groups are
+    filtered and every group of a step has constant rewards, the step trains
+    its first group, as tinker-cookbook 0.6.1's sync loop does.
     """
+
+    def _filtered(self, groups: list[FinishedGroup]) -> tuple[FinishedGroup, ...]:
+        if not self.filter_constant:
+            return ()
+        # remove_constant_reward_groups' own rule, written once (rl/data.py).
+        kept = {id(group) for group in without_constant_rewards(groups, lambda group: group.summary.constant_reward)}
+        return tuple(group for group in groups if id(group) not in kept)
 
     def planned_steps(self, num_batches: int, first_batch_size: int) -> int:
         """One step per dataset batch."""
@@ -309,8 +353,10 @@ class Stream(_StepsKnownInAdvance):
     arrived; an ``optim_step`` follows every ``num_minibatches / num_substeps`` minibatches.
     """
 
-    def __init__(self, groups_per_step: int, num_minibatches: int, num_substeps: int = 1) -> None:
-        super().__init__(groups_per_step, num_substeps)
+    def __init__(
+        self, groups_per_step: int, num_minibatches: int, num_substeps: int = 1, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, filter_constant=filter_constant)
         self.num_minibatches = num_minibatches
         self._per_substep = max(1, num_minibatches // num_substeps)
         self._planned: tuple[int, list[int]] = (-1, [])
@@ -347,7 +393,8 @@ class Stream(_StepsKnownInAdvance):
         if not taken and not skipped:
             return None
         self._index += 1
-        return Minibatch(taken, optim_step=self._index % self._per_substep == 0, skipped=skipped)
+        optim_step = self._index % self._per_substep == 0
+        return Minibatch(taken, optim_step=optim_step, skipped=skipped, filtered=self._filtered(taken))
 
     def _minibatch_sizes(self, step: int) -> list[int]:
         if self._planned[0] != step:
@@ -360,16 +407,16 @@ class Requeue(Schedule):
     """Off-policy that never waits for stragglers: train the oldest fresh groups, resample stale ones.
 
     A rollout still running when its weights become more than K steps old is
-    given up and resampled too. A group is sent back at the end of the instant
-    its verdict falls (once every task due then has run): it is sampled again
-    if the dataloader still had data then, and dropped and counted
+    given up and resampled too. Whether a group is resampled is settled at the
+    end of the instant its verdict falls (once every task due then has run): it
+    is if the dataloader still had data then, and it is dropped and counted
     (``async/dropped_stale``) otherwise, so the choice never depends on which
     task Trio ran first. This is tinker-cookbook 0.5.5's policy
     (``do_async_training``: stale groups requeued until the dataloader is done,
     discarded after), except that 0.5.5 never gives up a running rollout and
     leaves a last, partial batch untrained.
 
-    At the end of data (every item handed out, none can be sampled again) no
+    At the end of data (every item handed out, none can be resampled) no
     newer weights are published while a step waits, so none would be given up
     and the last step would wait for its slowest rollout, 0.5.5 too. Here time
     stands in for the versions that no longer come: a step waits for the
@@ -388,8 +435,10 @@ class Requeue(Schedule):
 
     resamples = True
 
-    def __init__(self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0) -> None:
-        super().__init__(groups_per_step, num_substeps, staleness_limit)
+    def __init__(
+        self, groups_per_step: int, num_substeps: int = 1, staleness_limit: int = 0, *, filter_constant: bool = False
+    ) -> None:
+        super().__init__(groups_per_step, num_substeps, staleness_limit, filter_constant=filter_constant)
         self._by_version: dict[int, list[FinishedGroup]] = defaultdict(list)
         self._fresh = 0
         self._planned: tuple[int, list[Minibatch]] = (-1, [])
@@ -413,9 +462,9 @@ class Requeue(Schedule):
             min_version=start_step, step=None, step_size=None, consumed_before=self._async_bound(position.order)
         )
 
-    def sort(self, delivery: Delivery, step: int) -> Verdict:
+    def classify(self, delivery: Delivery, step: int) -> Verdict:
         if isinstance(delivery, SkippedGroup):
-            # Never sampled again: a failed group is skipped, as in the cookbook.
+            # Never resampled: a failed group is skipped, as in the cookbook.
             return Verdict.SKIP
         if isinstance(delivery, AbandonedGroup) or step - delivery.version > self.staleness_limit:
             return Verdict.RESAMPLE

@@ -21,15 +21,17 @@ def schedule_for(config: Config, dataset_batch_size: int) -> Schedule:
     Returns:
         The mode's schedule.
     """
+    filter_constant = config.remove_constant_reward_groups
     if config.async_config is not None:
         ac = config.async_config
-        if ac.staleness == "oldest_first":
-            return OldestFirst(
-                ac.groups_per_batch, config.num_substeps, ac.max_steps_off_policy, config.remove_constant_reward_groups
-            )
-        policy = Pace if ac.staleness == "pace" else Requeue
-        return policy(ac.groups_per_batch, config.num_substeps, ac.max_steps_off_policy)
+        policies: dict[str, type[OldestFirst] | type[Pace] | type[Requeue]] = {
+            "oldest_first": OldestFirst,
+            "pace": Pace,
+            "requeue": Requeue,
+        }
+        policy = policies[ac.staleness]
+        return policy(ac.groups_per_batch, config.num_substeps, ac.steps_ahead, filter_constant=filter_constant)
     if config.stream_minibatch_config is not None:
         sc = config.stream_minibatch_config
-        return Stream(sc.groups_per_batch, sc.num_minibatches, config.num_substeps)
-    return Sync(max(1, dataset_batch_size), config.num_substeps)
+        return Stream(sc.groups_per_batch, sc.num_minibatches, config.num_substeps, filter_constant=filter_constant)
+    return Sync(max(1, dataset_batch_size), config.num_substeps, filter_constant=filter_constant)

@@ -28,7 +28,7 @@ class RunCounts:
     Attributes:
         trained_groups: groups that reached ``forward_backward``.
         filtered_groups: groups removed by the constant-reward filter.
-        requeued: groups sent back to be sampled again.
+        requeued: groups resampled.
         dropped_stale: groups dropped as too stale after the data ran out.
         in_flight_max: the most groups handed out and not yet consumed at any step's start.
         empty_batches: empty dataset batches skipped.
@@ -315,19 +315,20 @@ def token_lag_metrics(step: int, trained: Sequence[FinishedGroup], inflight: boo
 
 
 def trained_step_metrics(
-    done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None, inflight: bool = False
+    done: TrainedStep, counts: RunCounts, tokens: TokenCounts, planned_steps: int | None, *, lags_are_bounds: bool
 ) -> Metrics:
     """The record of one trained step, under tinker-cookbook's keys where it has one.
 
     ``progress/batch`` and ``training_client/step`` are the step's index (the
     cookbook's sync and async loops each write one of them), and
-    ``progress/done_frac`` is ``(step + 1) / planned_steps``. ``inflight``: the
-    run publishes in flight (see :func:`token_lag_metrics`).
+    ``progress/done_frac`` is ``(step + 1) / planned_steps``. ``lags_are_bounds``:
+    the run's publishing says token lags are bounds where the backend does not
+    say which weights produced a token (:attr:`~trio_rl.loop.publishing.WeightsPublishing.token_lags_are_bounds`).
     """
     outputs = [r for r in done.results if isinstance(r, tinker_types.ForwardBackwardOutput)]
     metrics: Metrics = {
         **done.summary,
-        **token_lag_metrics(done.step, done.trained, inflight),
+        **token_lag_metrics(done.step, done.trained, lags_are_bounds),
         **result_metrics(done.results),
         **sample_train_kl(done.submitted, outputs),
         **count_metrics(counts),
@@ -340,6 +341,7 @@ def trained_step_metrics(
         metrics["progress/done_frac"] = (done.step + 1) / planned_steps
     if done.kl_tokens:
         metrics["kl_policy_base"] = done.kl_diff_sum / done.kl_tokens
+    metrics.update(done.post_kl)
     return metrics
 
 

@@ -11,22 +11,31 @@ from tinker import types as tinker_types
 
 from ..backends.protocol import PendingResult, SamplingClient, TrainingClient
 from ..rl.data import without_mask
-from ..rl.kl import incorporate_kl_penalty
+from ..rl.kl import incorporate_kl_penalty, post_update_kl
 from ..types import Metrics
+from .publishing import WeightsPublishing
 from .schedules import Minibatch
 from .weights import LatestWeights
 from .work import FinishedGroup
 
 
-async def publish_weights(client: TrainingClient, name: str, *, inflight: bool) -> SamplingClient:
-    """Save ``client``'s weights for sampling as ``name``, in flight where asked.
+@dataclass(frozen=True)
+class StepSettings:
+    """What every step's requests carry.
 
-    A snapshot save passes no ``inflight`` argument, so a training client written
-    before in-flight weights existed (a user's wrapper, a test double) still works.
+    Attributes:
+        loss_fn, loss_fn_config: the loss of every ``forward_backward``, and its parameters.
+        adam_params: the parameters of every ``optim_step``.
+        kl_penalty_coef, kl_discount_factor: the KL penalty added to the advantages (0: none).
+        post_kl: after each step, score its data under the new weights (``Config.compute_post_kl``).
     """
-    if inflight:
-        return await client.save_weights_for_sampler(name, inflight=True)
-    return await client.save_weights_for_sampler(name)
+
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    adam_params: tinker_types.AdamParams
+    kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    post_kl: bool = False
 
 
 @dataclass
@@ -46,6 +55,8 @@ class TrainedStep:
             the learner's.
         kl_diff_sum, kl_tokens: with a KL penalty, the sum of ``sampled -
             reference`` logprobs over the trained action tokens, and their count.
+        post_kl: with ``compute_post_kl``, how far the step moved the policy on
+            its data (``kl_pre_post_v1``, ``kl_pre_post_v2``).
         summary: metrics of the step's groups, computed while the backend worked.
         train_seconds: from the first submission to the last answer.
     """
@@ -58,6 +69,7 @@ class TrainedStep:
     submitted: list[list[tinker_types.Datum]] = field(default_factory=list[list[tinker_types.Datum]])
     kl_diff_sum: float = 0.0
     kl_tokens: float = 0.0
+    post_kl: Metrics = field(default_factory=dict[str, Any])
     summary: Metrics = field(default_factory=dict[str, Any])
     train_seconds: float = 0.0
     # The runner's own bookkeeping while the step is in flight.
@@ -77,29 +89,16 @@ class StepRunner:
     """
 
     def __init__(
-        self,
-        client: TrainingClient,
-        weights: LatestWeights,
-        *,
-        loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
-        adam_params: tinker_types.AdamParams,
-        remove_constant_reward_groups: bool,
-        keep_one_constant_group: bool = False,
-        kl_penalty_coef: float = 0.0,
-        kl_discount_factor: float = 0.0,
-        inflight: bool = False,
+        self, client: TrainingClient, weights: LatestWeights, publishing: WeightsPublishing, settings: StepSettings
     ) -> None:
         self._client = client
-        self._inflight = inflight
         self._weights = weights
-        self._loss_fn = loss_fn
-        self._loss_fn_config = loss_fn_config
-        self._adam_params = adam_params
-        self._filter = remove_constant_reward_groups
-        # Sync mode in tinker-cookbook 0.6.1: a batch whose groups all have constant rewards keeps its first.
-        self._keep_one = keep_one_constant_group
-        self._kl = (kl_penalty_coef, kl_discount_factor)
+        self._publishing = publishing
+        self._loss_fn = settings.loss_fn
+        self._loss_fn_config = settings.loss_fn_config
+        self._adam_params = settings.adam_params
+        self._kl = (settings.kl_penalty_coef, settings.kl_discount_factor)
+        self._post_kl = settings.post_kl
         self._current: TrainedStep | None = None
 
     def begin(self, step: int) -> None:
@@ -111,14 +110,14 @@ class StepRunner:
         assert self._current is not None, "submit() between begin() and finish()"
         self._current.taken.extend(minibatch.groups)
         self._current.skipped += minibatch.skipped
-        await self._submit(self._current, minibatch.groups, optim=minibatch.optim_step)
+        await self._submit(self._current, minibatch.trained, optim=minibatch.optim_step)
 
     async def finish(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
         """Wait for the step's answers and publish its weights; None if it had no group (the data has ended).
 
         A step whose groups were all filtered out (or all skipped) trains nothing and saves no new
-        sampler: its weights version is published with the unchanged weights. With
-        ``keep_one_constant_group`` (sync mode), an all-filtered step trains its first group instead.
+        sampler: its weights version is published with the unchanged weights. Which groups a
+        step trains is its schedule's decision (:attr:`~trio_rl.loop.schedules.Minibatch.filtered`).
         """
         current = self._current
         assert current is not None, "finish() after begin()"
@@ -128,7 +127,10 @@ class StepRunner:
         current.summary = summarize(current.taken)
         done = await self._complete(current)
         if done.trained:
-            sampler = await publish_weights(self._client, f"{done.step + 1:06d}", inflight=self._inflight)
+            sampler = await self._publishing.publish(self._client, f"{done.step + 1:06d}")
+            if self._post_kl:
+                # As 0.6.1 does: the step's data scored by the new weights, before they are handed out.
+                done.post_kl = await post_update_kl(sampler, [d for data in done.submitted for d in data])
             self._weights.publish(done.step + 1, sampler)
         else:
             self._weights.advance(done.step + 1)
@@ -136,15 +138,11 @@ class StepRunner:
         return done
 
     async def weights_to_evaluate(self, version: int, latest: SamplingClient) -> SamplingClient:
-        """A client for exactly the weights of ``version``, the latest published: ``latest``, or a snapshot of it.
+        """A client for exactly the weights of ``version``, the latest published (see :meth:`WeightsPublishing.pinned`).
 
         Call it between steps, when the training client holds ``version``'s weights.
-        An in-flight client (``latest`` in an in-flight run) adopts the next step's
-        weights while it samples, so an evaluation gets a snapshot saved now instead.
         """
-        if not self._inflight:
-            return latest
-        return await self._client.save_weights_for_sampler(f"{version:06d}-eval")
+        return await self._publishing.pinned(self._client, version, latest)
 
     async def finish_interrupted(self, summarize: Callable[[list[FinishedGroup]], Metrics]) -> TrainedStep | None:
         """Complete a step that was cancelled after it had submitted work; None if it had not.
@@ -158,12 +156,9 @@ class StepRunner:
         current.summary = summarize(current.taken)
         return await self._complete(current)
 
-    async def _submit(
-        self, current: TrainedStep, groups: list[FinishedGroup], *, optim: bool, keep: bool = False
-    ) -> None:
-        if groups and current.started is None:
+    async def _submit(self, current: TrainedStep, kept: list[FinishedGroup], *, optim: bool) -> None:
+        if kept and current.started is None:
             current.started = time.perf_counter()
-        kept = [g for g in groups if keep or not (self._filter and g.summary.constant_reward)]
         data = [datum for group in kept for datum in group.data]
         if data and self._kl[0] > 0:
             diffs = [diff for group in kept for diff in group.reference_diffs or []]
@@ -190,8 +185,6 @@ class StepRunner:
             current.grads_pending = False
 
     async def _complete(self, current: TrainedStep) -> TrainedStep:
-        if self._keep_one and not current.trained and current.taken:
-            await self._submit(current, current.taken[:1], optim=True, keep=True)
         # A substep cut short by the end of data still gets its optim_step.
         await self._submit(current, [], optim=True)
         current.results = [await pending.result() for pending in current.pending]

@@ -18,6 +18,7 @@ from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..base.jsonl import RunFolderWarning, read_records
 from ..config import Config, check_inflight_on_backend, check_loss_on_backend
 from ..errors import one_per_fault
+from ..rl.epochs import with_epochs
 from ..rl.rollouts import ParamsPerCall
 from ..types import EnvGroupBuilder, RLDataset
 from . import run_folder
@@ -27,7 +28,9 @@ from .gate import ConsumptionGate
 from .items import DatasetItems
 from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
-from .pipeline import run_pipeline
+from .pipeline import StageSettings, run_pipeline
+from .publishing import publishing_for
+from .resampling import Resampling
 from .schedules import Schedule
 from .selected_schedule import schedule_for
 from .stages.evaluator import Evaluation
@@ -35,7 +38,7 @@ from .stages.run import Run
 from .stages.trainer import TrainerOutcome, TrainerSettings
 from .stages.workers import RolloutSettings
 from .step_metrics import RunCounts
-from .step_runner import StepRunner, publish_weights
+from .step_runner import StepRunner, StepSettings
 from .weights import LatestWeights
 
 
@@ -131,15 +134,19 @@ async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
 
 def _check_before_work(
     config: Config, dataset: RLDataset, backend: Backend
-) -> tuple[Config, Sequence[EnvGroupBuilder]]:
+) -> tuple[Config, RLDataset, Sequence[EnvGroupBuilder]]:
     """Resolve the backend's defaults into ``config`` and validate it against the backend and the
-    dataset's first batch; the resolved configuration and that batch (it is built once) are returned."""
+    dataset's first batch (built once).
+
+    Returns:
+        The resolved configuration, the dataset over ``num_epochs`` passes, and its first batch.
+    """
     config = with_async_loss(config, backend)
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     check_loss_on_backend(config, backend)
     check_inflight_on_backend(config, backend)
-    return config, first_batch
+    return config, with_epochs(dataset, config.num_epochs), first_batch
 
 
 async def train(
@@ -175,7 +182,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    config, first_batch = _check_before_work(config, dataset, backend)
+    config, dataset, first_batch = _check_before_work(config, dataset, backend)
     run_folder.claim(config, dataset_length=len(dataset))
     checkpoint_log = CheckpointLog(Path(config.log_path))
     run: Run | None = None
@@ -185,20 +192,21 @@ async def train(
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = _open_run(config, begin, len(first_batch), _live_buffer(task_status))
             rollout = await _rollout_settings(config, backend)
-            first = await publish_weights(
-                begin.training_client, f"{begin.step:06d}", inflight=config.inflight_weights()
-            )
+            first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
             run.weights.publish(begin.step, first)
             task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights))
-            outcome = await run_pipeline(
-                nursery,
-                run,
+            stages = StageSettings(
                 items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
                 rollout=rollout,
                 trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
-                runner=_step_runner(config, begin.training_client, run.weights),
-                checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
                 evaluation=await _evaluation(config, backend, begin, evaluators),
+            )
+            outcome = await run_pipeline(
+                nursery,
+                run,
+                stages,
+                runner=_step_runner(config, begin.training_client, run),
+                checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
             )
     finally:
         if run is not None:
@@ -213,7 +221,7 @@ def _checkpoint_keeper(config: Config, log: CheckpointLog, begin: run_folder.Sta
         begin.training_client,
         run.ledger,
         run.weights,
-        shielded=config.save_on_cancel,
+        save_on_cancel=config.save_on_cancel,
         cancel_save_timeout=config.cancel_save_timeout,
     )
 
@@ -229,13 +237,18 @@ def _open_run(config: Config, begin: run_folder.Start, first_batch_size: int, li
     """The run's shared collaborators, once its folder is ready (a resume has just cut ``metrics.jsonl`` back)."""
     log_path = Path(config.log_path)
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
+    schedule = schedule_for(config, first_batch_size)
+    ledger, gate = DataLedger(begin.cursor, begin.owed), ConsumptionGate()
+    resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
     return Run(
         start_step=begin.step,
-        schedule=schedule_for(config, first_batch_size),
-        weights=LatestWeights(),
-        ledger=DataLedger(begin.cursor, begin.owed),
-        gate=ConsumptionGate(),
+        schedule=schedule,
+        weights=LatestWeights(on_publish=None if resampling is None else resampling.published),
+        ledger=ledger,
+        gate=gate,
         metrics=MetricsLog(log_path / run_folder.METRICS_FILE, live_buffer=live_buffer),
+        publishing=publishing_for(config),
+        resampling=resampling,
     )
 
 
@@ -257,6 +270,7 @@ async def _rollout_settings(config: Config, backend: Backend) -> RolloutSettings
         loss_fn=config.training_loss_fn(),
         max_workers=config.num_workers,
         reference=reference,
+        termination=config.termination,
     )
 
 
@@ -268,14 +282,12 @@ def _trainer_settings(
         groups_per_step=schedule.groups_per_step,
         max_steps=config.max_steps,
         save_every=config.save_every,
-        save_on_cancel=config.save_on_cancel,
-        cancel_save_timeout=config.cancel_save_timeout,
         planned_steps=planned if config.max_steps is None else min(planned, config.max_steps),
         start_counts=RunCounts()
         if resumed is None
         else RunCounts.from_checkpoint(resumed.counts, resumed.cumulative_tokens, resumed.discarded_tokens),
         learning_rate=config.learning_rate,
-        inflight_weights=config.inflight_weights(),
+        rolling_save_every=config.rolling_save_every,
     )
 
 
@@ -308,19 +320,16 @@ async def _owed_evaluations(
     return tuple(clients)
 
 
-def _step_runner(config: Config, client: TrainingClient, weights: LatestWeights) -> StepRunner:
-    return StepRunner(
-        client,
-        weights,
+def _step_runner(config: Config, client: TrainingClient, run: Run) -> StepRunner:
+    settings = StepSettings(
         loss_fn=config.training_loss_fn(),
         loss_fn_config=config.loss_fn_config,
         adam_params=config.adam_params(),
-        remove_constant_reward_groups=config.remove_constant_reward_groups,
-        keep_one_constant_group=config.mode == "sync",
-        inflight=config.inflight_weights(),
         kl_penalty_coef=config.kl_penalty_coef,
         kl_discount_factor=config.kl_discount_factor,
+        post_kl=config.compute_post_kl,
     )
+    return StepRunner(client, run.weights, run.publishing, settings)
 
 
 def _result(outcome: TrainerOutcome, metrics_log: MetricsLog, log_path: Path, first_step: int) -> TrainResult:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Callable
 
 import trio
 
@@ -16,14 +16,17 @@ class LatestWeights:
     a version with a fresh :class:`trio.Event` per publication: publishing sets
     the current event and swaps in a new one, so no waiter can miss a version
     and no event is ever reused. The trainer is the only writer.
+
+    Args:
+        on_publish: told each version as it is published, before any waiter
+            wakes (a run that resamples gives up its stale rollouts there).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_publish: Callable[[int], None] | None = None) -> None:
         self._version = -1
         self._client: SamplingClient | None = None
         self._published = trio.Event()
-        self._expiring: dict[int, list[trio.CancelScope]] = defaultdict(list)
-        self._giving_up = False
+        self._on_publish = on_publish
 
     @property
     def version(self) -> int:
@@ -35,9 +38,8 @@ class LatestWeights:
         if version <= self._version:
             raise ValueError(f"version {version} published after version {self._version}")
         self._version, self._client = version, client
-        for due in [v for v in self._expiring if v <= version]:
-            for scope in self._expiring.pop(due):
-                scope.cancel()
+        if self._on_publish is not None:
+            self._on_publish(version)
         published, self._published = self._published, trio.Event()
         published.set()
 
@@ -56,25 +58,3 @@ class LatestWeights:
         """Return once a version at least ``version`` has been published."""
         while self._version < version:
             await self._published.wait()
-
-    def cancel_at(self, version: int, scope: trio.CancelScope) -> None:
-        """Cancel ``scope`` when ``version`` is published (at once if it already is).
-
-        Lets a rollout be given up the moment its weights become too stale,
-        without a task per rollout watching the version.
-        """
-        if self._version >= version or self._giving_up:
-            scope.cancel()
-        else:
-            self._expiring[version].append(scope)
-
-    def give_up_all(self) -> None:
-        """Cancel every scope passed to :meth:`cancel_at`, now and from now on, whatever its version.
-
-        The end of a "requeue" run: the rollouts still running will not be waited for.
-        """
-        self._giving_up = True
-        for scopes in self._expiring.values():
-            for scope in scopes:
-                scope.cancel()
-        self._expiring.clear()

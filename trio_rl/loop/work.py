@@ -27,7 +27,7 @@ class WorkItem:
         key: its place in the dataset.
         order: its admission index in this run; batches are sorted by it.
         builder: the env group builder.
-        attempt: 0, then +1 each time the "requeue" policy sends it back.
+        attempt: 0, then +1 each time the "requeue" policy resamples it.
         min_version: the oldest weights version it may sample from.
         step: the training step that will train it, where the schedule fixes it in advance.
         step_size: how many groups that step trains, where the schedule fixes it.

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
 from ..types import PARSE_ERROR_MASKED_METRIC_KEY, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
+from .chunks import Position, model_input_from_positions, observation_positions, target_ids
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 PROVENANCE_LOSSES = frozenset({"stable_reinforce"})
 """Losses that read a Datum's provenance (which sampled sequence each token came from)."""
@@ -29,29 +35,60 @@ def compute_advantages(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     return advantages
 
 
-def is_constant_reward(group: TrajectoryGroup) -> bool:
-    """Whether every trajectory of ``group`` got the same total reward (no learning signal)."""
-    rewards = group.get_total_rewards()
+def rewards_are_constant(rewards: Sequence[float]) -> bool:
+    """Whether every one of a group's total ``rewards`` is the same (no learning signal): the one test of it."""
     return all(r == rewards[0] for r in rewards)
 
 
+def is_constant_reward(group: TrajectoryGroup) -> bool:
+    """Whether every trajectory of ``group`` got the same total reward (no learning signal)."""
+    return rewards_are_constant(group.get_total_rewards())
+
+
 def remove_constant_reward_groups(groups: Sequence[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """Drop groups whose advantages would all be zero. May return an empty list."""
-    return [g for g in groups if not is_constant_reward(g)]
+    """Drop groups whose advantages would all be zero, as tinker-cookbook 0.6.1 does.
+
+    Args:
+        groups: the batch's trajectory groups.
+
+    Returns:
+        The groups whose trajectories' total rewards differ; if every group's
+        are constant, the first group alone (a warning is logged), so that a
+        caller never gets an empty batch. Empty only for an empty ``groups``.
+    """
+    return without_constant_rewards(groups, is_constant_reward)
+
+
+def without_constant_rewards(items: Sequence[T], constant: Callable[[T], bool]) -> list[T]:
+    """``items`` less those ``constant`` says have constant rewards; if all have, the first alone.
+
+    The one place of tinker-cookbook 0.6.1's rule (``remove_constant_reward_groups``),
+    for trajectory groups and for the sync loop's finished groups alike.
+    """
+    kept = [item for item in items if not constant(item)]
+    if kept or not items:
+        return kept
+    logger.warning("All rewards are uniform. There will be no gradient")
+    return list(items[:1])
 
 
 @dataclass
 class _Sequence:
     """A growing token sequence with per-token sampling logprob, advantage and mask."""
 
-    tokens: list[int] = field(default_factory=list[int])
+    tokens: list[Position] = field(default_factory=list[Position])
+    """Token ids, and the positions of any image (:mod:`~trio_rl.rl.chunks`)."""
     logprobs: list[float] = field(default_factory=list[float])
     advantages: list[float] = field(default_factory=list[float])
     mask: list[float] = field(default_factory=list[float])
     spans: list[Any] | None = field(default_factory=list[Any])
     """Where each token came from while every action has a ``sequence_id`` (None once one does not)."""
+    chunked: bool = False
+    """Whether an observation held a chunk other than tokens (an image)."""
 
-    def extend(self, tokens: Sequence[int], logprobs: Sequence[float] | None, advantage: float, trained: bool) -> None:
+    def extend(
+        self, tokens: Sequence[Position], logprobs: Sequence[float] | None, advantage: float, trained: bool
+    ) -> None:
         self.tokens.extend(tokens)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
@@ -88,8 +125,14 @@ class _Sequence:
 
     def to_datum(self, loss_fn: str) -> tinker_types.Datum:
         # The model reads tokens[:-1] and is scored on predicting tokens[1:].
+        if self.chunked:
+            # Images stay in the input, whole; their positions are targets of id 0, never trained.
+            model_input, targets = model_input_from_positions(self.tokens[:-1]), target_ids(self.tokens[1:])
+        else:
+            ids = cast(list[int], self.tokens)  # no chunk position without an image
+            model_input, targets = compat.model_input_from_ints(ids[:-1]), ids[1:]
         inputs = {
-            "target_tokens": compat.tensor(self.tokens[1:], "int64"),
+            "target_tokens": compat.tensor(targets, "int64"),
             MASK_KEY: compat.tensor(self.mask[1:], "float32"),
         }
         if loss_fn == "cross_entropy":
@@ -97,7 +140,7 @@ class _Sequence:
         else:
             inputs["logprobs"] = compat.tensor(self.logprobs[1:], "float32")
             inputs["advantages"] = compat.tensor(self.advantages[1:], "float32")
-        datum = tinker_types.Datum(model_input=compat.model_input_from_ints(self.tokens[:-1]), loss_fn_inputs=inputs)
+        datum = tinker_types.Datum(model_input=model_input, loss_fn_inputs=inputs)
         if loss_fn in PROVENANCE_LOSSES and self.spans:
             # The input drops the sequence's last token, the targets its first.
             targets = compat.drop_first(self.spans)
@@ -119,9 +162,14 @@ def trajectory_to_data(
     in turns whose metrics set ``parse_error_masked`` (mask and advantage 0).
     Every Datum also carries the action ``mask`` (see :func:`without_mask`).
 
+    An observation may hold chunks other than tokens (images), as in
+    tinker-cookbook 0.6.1: the Datum's input keeps them whole, and their
+    positions are never trained. Only a backend that takes such inputs
+    (TinkerBackend, FakeBackend) can train that data; the local backends refuse it.
+
     Raises:
         ValueError: an action was sampled without logprobs (they are never replaced by zeros), or an
-            observation holds a chunk other than tokens (an image).
+            observation's image has no length (no ``expected_tokens``).
 
     Args:
         trajectory: the episode.
@@ -137,7 +185,7 @@ def trajectory_to_data(
     tracks = loss_fn in PROVENANCE_LOSSES
     current = _Sequence(spans=[] if tracks else None)
     for turn, transition in enumerate(trajectory.transitions):
-        ob_tokens = _observation_tokens(transition.ob, turn)
+        ob_tokens, chunked = observation_positions(transition.ob, turn)
         if ob_tokens[: len(current.tokens)] == current.tokens:
             new_ob = len(ob_tokens) - len(current.tokens)
             current.extend(ob_tokens[len(current.tokens) :], None, 0.0, trained=False)
@@ -147,6 +195,7 @@ def trajectory_to_data(
             current = _Sequence(spans=[] if tracks else None)
             new_ob = len(ob_tokens)
             current.extend(ob_tokens, None, 0.0, trained=False)
+        current.chunked = current.chunked or chunked
         current.note_provenance(new_ob, transition.ac)
         current.extend_action(transition.ac, advantage, is_masked(transition), turn)
     if len(current.tokens) > 1:
@@ -194,20 +243,6 @@ def trained_tokens_by_version(trajectories: Sequence[Trajectory]) -> tuple[int, 
     if not known:
         return trained, None
     return trained, () if tally is None else tuple(sorted(tally.items()))
-
-
-def _observation_tokens(ob: tinker_types.ModelInput, turn: int) -> list[int]:
-    """The observation's tokens; only token chunks can be trained on here."""
-    for chunk in ob.chunks:
-        if not isinstance(chunk, tinker_types.EncodedTextChunk):
-            # tinker-cookbook 0.6.1 builds a Datum around image chunks; trio_rl's data,
-            # KL penalty and local backends work on token ids only.
-            raise ValueError(
-                f"turn {turn}: the observation holds an unsupported chunk, {type(chunk).__name__} "
-                f"(type {getattr(chunk, 'type', '?')!r}); trio_rl builds training data from token chunks "
-                "(EncodedTextChunk) only, so observations with images cannot be trained on"
-            )
-    return ob.to_ints()
 
 
 def assemble_training_data(

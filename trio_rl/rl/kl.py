@@ -21,6 +21,7 @@ from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
 from ..backends.protocol import SamplingClient
+from .chunks import with_token_appended
 from .data import MASK_KEY
 
 
@@ -52,7 +53,7 @@ async def reference_logprob_diffs(client: SamplingClient, data: Sequence[tinker_
     async def one(index: int, datum: tinker_types.Datum) -> None:
         targets = datum.loss_fn_inputs["target_tokens"].to_numpy()
         # The unshifted sequence: the input plus the last target.
-        sequence = compat.model_input_from_ints([*datum.model_input.to_ints(), int(targets[-1])])
+        sequence = with_token_appended(datum.model_input, int(targets[-1]))
         scored = (await client.compute_logprobs(sequence))[1:]
         mask = _mask(datum)
         if len(scored) != len(mask):
@@ -114,3 +115,31 @@ def incorporate_kl_penalty(
         inputs = {**datum.loss_fn_inputs, "advantages": compat.tensor(advantages, "float32")}
         penalised.append(compat.with_loss_fn_inputs(datum, inputs))
     return KLPenalty(penalised, diff_sum, tokens)
+
+
+POST_KL_KEYS = ("kl_pre_post_v1", "kl_pre_post_v2")
+"""The metrics of :func:`post_update_kl`, under tinker-cookbook 0.6.1's names."""
+
+
+async def post_update_kl(client: SamplingClient, data: Sequence[tinker_types.Datum]) -> dict[str, float]:
+    """How far one step moved the policy on the data it trained: 0.6.1's ``compute_post_kl``.
+
+    With ``d`` the sampled logprob minus the new weights' logprob on each action
+    token, ``kl_pre_post_v1`` is the mean of ``d`` and ``kl_pre_post_v2`` half the
+    mean of ``d**2``, over every action token of ``data``.
+
+    Args:
+        client: a sampling client of the weights after the step.
+        data: the step's Datums (their ``logprobs`` are the sampler's, ``mask`` marks actions).
+
+    Returns:
+        The two metrics; empty when the data has no action token (0.6.1 reports NaN then).
+
+    Raises:
+        ValueError: the new weights scored no logprob for an action token.
+    """
+    diffs = await reference_logprob_diffs(client, data)
+    flat = np.concatenate([diff[_mask(datum) > 0] for diff, datum in zip(diffs, data, strict=True)] or [np.zeros(0)])
+    if flat.size == 0:
+        return {}
+    return {"kl_pre_post_v1": float(flat.mean()), "kl_pre_post_v2": float(0.5 * (flat**2).mean())}

@@ -48,6 +48,7 @@ from ..types import (
     Env,
     EnvGroupBuilder,
     InitialObservationOverflow,
+    Metrics,
     Observation,
     RolloutError,
     StopCondition,
@@ -57,6 +58,7 @@ from ..types import (
     Transition,
     stop_reason_from_metrics,
 )
+from .termination import TerminationRewardPolicy, grade_group
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long ``EnvGroupBuilder.cleanup`` may take; it runs shielded, so it needs a bound."""
@@ -429,6 +431,7 @@ async def _run_with_retries(
     budget = max_retries
     failed_now: list[int] = []
     retries: dict[int, bool] = {}
+    group = trio.CancelScope()
 
     def answer_failures() -> None:
         # Every failure of one instant is answered together, in slot order, so
@@ -436,13 +439,20 @@ async def _run_with_retries(
         # task Trio happened to run first.
         nonlocal budget
         succeeded = sum(r is not None for r in results)
-        for index in sorted(failed_now):
+        answered = sorted(failed_now)
+        failed_now.clear()
+        for index in answered:
             retries[index] = budget > 0 and (floor is None or succeeded < floor)
             if retries[index]:
                 budget -= 1
-        failed_now.clear()
+        if floor is None and not all(retries[index] for index in answered):
+            # The group has failed: none of this instant's failures is retried,
+            # and the cancel lands here, in the first of them to wake, before
+            # any slot acts on its answer (rebuilds an env, samples again).
+            retries.update(dict.fromkeys(answered, False))
+            group.cancel()
 
-    async def slot(index: int, env: Env, group: trio.CancelScope) -> None:
+    async def slot(index: int, env: Env) -> None:
         for attempt in itertools.count():
             result = await _attempt(policy_for(index, attempt), env, index, attempt, timeout)
             if not isinstance(result, RolloutError):
@@ -454,15 +464,13 @@ async def _run_with_retries(
             if failed_now:
                 answer_failures()
             if not retries.pop(index):
-                if floor is None:
-                    group.cancel()  # the group has failed: its other rollouts are of no use
                 return
             env = await _fresh_env(builder, index)
 
-    with trio.CancelScope() as group:
+    with group:
         async with trio.open_nursery() as nursery:
             for index, env in enumerate(envs):
-                nursery.start_soon(slot, index, env, group)
+                nursery.start_soon(slot, index, env)
     kept = [r for r in results if r is not None]
     errors.sort(key=lambda e: (e.env_index, e.attempt))
     return GroupRollout(trajectories=[t for t, _ in kept], envs=[e for _, e in kept], errors=errors)
@@ -544,15 +552,21 @@ async def rollout_group(
     envs: Sequence[Env],
     policy_for: PolicyFactory,
     strategy: ErrorStrategy,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup:
-    """Roll out already-made ``envs`` with ``strategy`` and compute group rewards."""
+    """Roll out already-made ``envs`` with ``strategy`` and compute group rewards (under ``termination``)."""
     rollout = await strategy.run(builder, envs, policy_for)
-    rewards_and_metrics = await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs)
-    if len(rewards_and_metrics) != len(rollout.trajectories):
-        raise ValueError(
-            f"{type(builder).__name__}.compute_group_rewards returned {len(rewards_and_metrics)} "
-            f"rewards for {len(rollout.trajectories)} trajectories"
-        )
+
+    async def grade() -> list[tuple[float, Metrics]]:
+        graded = list(await call_user(builder.compute_group_rewards, rollout.trajectories, rollout.envs))
+        if len(graded) != len(rollout.trajectories):
+            raise ValueError(
+                f"{type(builder).__name__}.compute_group_rewards returned {len(graded)} "
+                f"rewards for {len(rollout.trajectories)} trajectories"
+            )
+        return graded
+
+    rewards_and_metrics = await grade_group(termination, rollout.trajectories, grade)
     return TrajectoryGroup(
         trajectories_G=rollout.trajectories,
         final_rewards_G=[reward for reward, _ in rewards_and_metrics],
@@ -562,7 +576,10 @@ async def rollout_group(
 
 
 async def do_group_rollout(
-    builder: EnvGroupBuilder, policy_for: PolicyFactory, strategy: ErrorStrategy | None = None
+    builder: EnvGroupBuilder,
+    policy_for: PolicyFactory,
+    strategy: ErrorStrategy | None = None,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup:
     """Make a group's envs, roll them all out, compute group rewards, clean up.
 
@@ -570,13 +587,40 @@ async def do_group_rollout(
         builder: the env group.
         policy_for: ``(env_index, attempt) -> policy``.
         strategy: what failures do (default :class:`FailFast`).
+        termination: how rewards depend on the stop reason (None: untouched), as in
+            tinker-cookbook 0.6.1's ``do_group_rollout``.
 
     Returns:
         The group's trajectories, final rewards, metrics and recorded errors.
 
     Raises:
         GroupFailedError: when a retrying strategy runs out of retries.
-        Exception: under ``FailFast``, the first rollout's exception (in an ExceptionGroup).
+        Exception: a failure the strategy does not catch (under ``FailFast``,
+            the failing env's), itself, as tinker-cookbook 0.6.1 raises it,
+            when it is the only one; when several came at once (rollouts
+            failing at the same instant, or the group's cleanup failing after
+            it), an ``ExceptionGroup`` of them all, where 0.6.1 would raise the
+            first and lose the others.
     """
-    async with group_envs(builder) as envs:
-        return await rollout_group(builder, envs, policy_for, strategy or FailFast())
+    try:
+        async with group_envs(builder) as envs:
+            return await rollout_group(builder, envs, policy_for, strategy or FailFast(), termination)
+    except ExceptionGroup as failures:
+        lone = _lone_exception(failures)
+        if lone is None:
+            raise
+    # Raised outside the handler, so that the group is not chained to it as its context.
+    raise lone
+
+
+def _lone_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception in ``group`` and its nested groups, if there is exactly one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending and len(leaves) < 2:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 and not pending else None

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from .. import _tinker_compat as compat
 from ..types import RolloutError, Trajectory, TrajectoryGroup
-from .data import TokenVersions, trained_tokens_by_version
+from .data import TokenVersions, rewards_are_constant, trained_tokens_by_version
 
 
 def is_initial_overflow(trajectory: Trajectory) -> bool:
@@ -23,7 +23,7 @@ class GroupSummary(NamedTuple):
 
     A finished group waits for its step holding this instead of its trajectories:
     a few numbers and tuples, which the garbage collector stops tracking, where
-    the trajectories are some eighty tracked objects (observations, actions,
+    the trajectories are dozens of tracked objects (observations, actions,
     transitions). Counts are kept as totals; rewards and metric values keep the
     order the trajectories had, so the metrics made from summaries are the same
     floats as those made from the groups. (A named tuple, because it is quick
@@ -88,5 +88,4 @@ class GroupSummary(NamedTuple):
     @property
     def constant_reward(self) -> bool:
         """Whether every trajectory got the same total reward (no learning signal), as :func:`is_constant_reward`."""
-        rewards = self.total_rewards
-        return all(r == rewards[0] for r in rewards)
+        return rewards_are_constant(self.total_rewards)

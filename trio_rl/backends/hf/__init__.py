@@ -7,7 +7,7 @@ naming that command.
 """
 
 from trio_rl.backends.hf._extra import MissingExtraError
-from trio_rl.backends.hf.backend import HFBackend
+from trio_rl.backends.hf.backend import HFBackend, HFModelSettings
 from trio_rl.backends.hf.loading import SMOLLM2, load_tokenizer, resolve_source, smollm2_gguf_path
 from trio_rl.backends.hf.sampler import HFSamplingClient
 from trio_rl.backends.hf.training import HFTrainingClient
@@ -15,6 +15,7 @@ from trio_rl.backends.hf.training import HFTrainingClient
 __all__ = [
     "SMOLLM2",
     "HFBackend",
+    "HFModelSettings",
     "HFSamplingClient",
     "HFTrainingClient",
     "MissingExtraError",

@@ -16,7 +16,35 @@ from trio_rl.backends.hf.policy import Policy
 from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, adam_on
 from trio_rl.backends.local.losses import check_loss_fn, default_async_loss
 from trio_rl.backends.local.optimizer import AdamState
-from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
+from trio_rl.backends.local.runtime import BackendRuntime, EngineSettings, InProcessBackend
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFModelSettings:
+    """Where each loaded model is placed, and how it is trained (``HFBackend(model=...)``).
+
+    Attributes:
+        device: ``"auto"`` (CUDA if available, else CPU), or a torch device string.
+        dtype: ``"auto"`` (bfloat16 on a GPU that supports it, else float32), or a dtype name.
+        lora_alpha: LoRA scale numerator; the update is scaled by ``lora_alpha / lora_rank``.
+        max_seq_len: longest prompt plus sample, and longest training datum;
+            default: the model's ``max_position_embeddings``.
+        token_budget: most padded positions per training micro-batch; a prefix that several
+            data share counts once, since it runs once.
+
+    Raises:
+        ValueError: for a ``token_budget`` below 1.
+    """
+
+    device: str | None = "auto"
+    dtype: str | torch.dtype | None = "auto"
+    lora_alpha: float = 32.0
+    max_seq_len: int | None = None
+    token_budget: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1:
+            raise ValueError(f"token_budget must be at least 1, got {self.token_budget}")
 
 
 @dataclass
@@ -40,57 +68,39 @@ class HFBackend(InProcessBackend):
 
     Args:
         log_dir: folder for ``checkpoints/`` and ``sampler_weights/``.
-        device: ``"auto"`` (CUDA if available, else CPU), or a torch device string.
-        dtype: ``"auto"`` (bfloat16 on a GPU that supports it, else float32), or a dtype name.
-        lora_alpha: LoRA scale numerator; the update is scaled by ``lora_alpha / lora_rank``.
         seed: seeds unseeded training clients and unseeded sampling requests.
-        max_batch_rows: most samples one sampling client decodes together.
-        prefix_cache_bytes: bound of each sampling client's cache of prefilled
-            prompts (a prompt prefills only what follows the longest prefix
-            of it that the cache holds); ``0`` keeps none.
-        max_seq_len: longest prompt plus sample, and longest training datum;
-            default: the model's ``max_position_embeddings``.
-        token_budget: most padded positions per training micro-batch; a prefix that several
-            data share counts once, since it runs once.
         num_threads: torch intra-op threads while entered (``None`` keeps torch's
             setting; restored on exit).
-        inflight_recompute_kv: with in-flight weights, whether a running
-            request recomputes its keys and values under newly published
-            weights instead of keeping them (as Tinker does); see ``LocalBackend``.
+        model: device, dtype, LoRA scale, sequence length and training micro-batch
+            budget (:class:`HFModelSettings`).
+        engine: how the sampling engines batch, cache prompts and take in-flight
+            weights (:class:`~trio_rl.backends.EngineSettings`).
 
     Raises:
         MissingExtraError: if transformers or peft is not installed.
+        ValueError: for ``num_threads`` below 1.
     """
 
     def __init__(
         self,
         *,
         log_dir: Path | str,
-        device: str | None = "auto",
-        dtype: str | torch.dtype | None = "auto",
-        lora_alpha: float = 32.0,
         seed: int = 0,
-        max_batch_rows: int = 256,
-        prefix_cache_bytes: int = 64 << 20,
-        max_seq_len: int | None = None,
-        token_budget: int = 4096,
         num_threads: int | None = None,
-        inflight_recompute_kv: bool = False,
+        model: HFModelSettings | None = None,
+        engine: EngineSettings | None = None,
     ) -> None:
         require_hf_extra()
-        if max_batch_rows < 1 or token_budget < 1:
-            raise ValueError("max_batch_rows and token_budget must be at least 1")
         if num_threads is not None and num_threads < 1:
             raise ValueError("num_threads must be at least 1")
-        self._device = pick_device(device)
-        self._dtype = pick_dtype(dtype, self._device)
-        self._lora_alpha = lora_alpha
-        self._max_seq_len = max_seq_len
-        self._token_budget = token_budget
+        model = model or HFModelSettings()
+        self._device = pick_device(model.device)
+        self._dtype = pick_dtype(model.dtype, self._device)
+        self._lora_alpha = model.lora_alpha
+        self._max_seq_len = model.max_seq_len
+        self._token_budget = model.token_budget
         self._num_threads = num_threads
-        self._runtime = BackendRuntime(
-            Path(log_dir), seed, max_batch_rows, prefix_cache_bytes, inflight_recompute_kv=inflight_recompute_kv
-        )
+        self._runtime = BackendRuntime(Path(log_dir), seed, engine or EngineSettings())
 
     @property
     def device(self) -> torch.device:

@@ -38,29 +38,15 @@ import torch
 from torch import Tensor
 
 from trio_rl.backends.hf.policy import Snapshot
+from trio_rl.backends.hf.running_rows import RunningRows, left_aligned_mask, left_pad
 from trio_rl.backends.local.batching import BatchingEngine, pick_tokens
 from trio_rl.backends.local.prefix_cache import KV, Prefill
-from trio_rl.backends.local.requests import Row
+from trio_rl.backends.local.requests import Limits, Row
 from trio_rl.backends.local.runtime import BackendRuntime
 from trio_rl.backends.local.sampler import LocalSamplingClient
 
 _STOP_WINDOW_SLACK = 4
 """Extra tokens decoded beyond a stop string's length when looking for it."""
-
-
-def _left_pad(t: Tensor, width: int, dim: int) -> Tensor:
-    """Zero-pad ``t`` on the left of ``dim`` up to ``width``."""
-    have = t.shape[dim]
-    if have == width:
-        return t
-    shape = list(t.shape)
-    shape[dim] = width - have
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def _left_aligned_mask(lengths: list[int], width: int) -> Tensor:
-    """``[rows, width]``: 1 on each row's last ``lengths[i]`` slots (its tokens, left-padded)."""
-    return (torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]).long()
 
 
 def pick_tokens_unsorted(
@@ -125,9 +111,8 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         snapshot: the frozen weights (activated before every forward pass).
         tokenizer: the HF tokenizer (decodes rows to match stop strings).
         runtime: the backend's nursery, thread limiter and seed source.
-        vocab_size: token ids must lie below this.
-        max_seq_len: prompt plus sample never exceed this.
-        default_stop_ids: stops of a request whose ``stop`` is ``None``.
+        limits: the vocabulary size token ids must lie below, the most tokens of
+            prompt plus sample, and the stops of a request whose ``stop`` is ``None``.
         inflight: an in-flight engine (:meth:`publish` replaces ``snapshot``).
         version: the version of ``snapshot`` (optimizer steps taken).
     """
@@ -138,30 +123,18 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         tokenizer: Any,
         runtime: BackendRuntime,
         *,
-        vocab_size: int,
-        max_seq_len: int,
-        default_stop_ids: frozenset[int],
+        limits: Limits,
         inflight: bool = False,
         version: int = 0,
     ) -> None:
-        super().__init__(
-            runtime,
-            vocab_size=vocab_size,
-            max_seq_len=max_seq_len,
-            default_stop_ids=default_stop_ids,
-            inflight=inflight,
-            version=version,
-        )
+        super().__init__(runtime, limits=limits, inflight=inflight, version=version)
         self._snapshot = snapshot
         self._tokenizer = tokenizer
         self._device = next(snapshot.model.parameters()).device
         self._cache_kw = cache_keyword(snapshot.model)
         # Only the last position's logits are read: a prefill never computes the head elsewhere.
         self._last_only: dict[str, int] = {"logits_to_keep": 1} if keeps_last_logits(snapshot.model) else {}
-        self._past: Any = None  # a transformers DynamicCache: [rows, kv_heads, width, head_dim] per layer
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
-        self._lengths = torch.zeros(0, dtype=torch.long)
-        self._last = torch.zeros(0, dtype=torch.long)
+        self._batch_rows = RunningRows(self._device)
 
     # --------------------------------------------------------------- stops
 
@@ -198,11 +171,10 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         self._snapshot = weights
 
     def _decode(self) -> Tensor:
-        rows = len(self._rows)
-        mask = torch.cat([self._mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
-        logits = self._run_model(self._last[:, None], mask, self._lengths[:, None], self._past)
-        self._mask = mask
-        self._lengths = self._lengths + 1
+        running = self._batch_rows
+        mask = running.grown_mask(len(self._rows))
+        logits = self._run_model(running.last[:, None], mask, running.lengths[:, None], running.past)
+        running.stepped(mask)
         return logits
 
     def _prefill_prompts(self, prompts: list[list[int]], pasts: list[KV] | None = None) -> list[Prefill]:
@@ -215,7 +187,7 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         done = [kv[0][0].shape[2] if kv else 0 for kv in kv_in]
         todo = [len(p) - n for p, n in zip(prompts, done, strict=True)]
         held, width = max(done), max(todo)
-        new_mask = _left_aligned_mask(todo, width)
+        new_mask = left_aligned_mask(todo, width)
         tokens = torch.zeros_like(new_mask)
         tokens[new_mask.bool()] = torch.tensor([t for p, n in zip(prompts, done, strict=True) for t in p[n:]])
         positions = (torch.tensor(done)[:, None] + new_mask.cumsum(1) - 1).clamp(min=0)
@@ -225,11 +197,11 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
             some = next(kv for kv in kv_in if kv)
             for layer in range(len(some)):
                 keys, values = (
-                    torch.cat([_left_pad(kv[layer][j] if kv else some[layer][j][:, :, :0], held, 2) for kv in kv_in])
+                    torch.cat([left_pad(kv[layer][j] if kv else some[layer][j][:, :, :0], held, 2) for kv in kv_in])
                     for j in (0, 1)
                 )
                 past.update(keys, values, layer)
-            mask = torch.cat([_left_aligned_mask(done, held), new_mask], dim=1)
+            mask = torch.cat([left_aligned_mask(done, held), new_mask], dim=1)
         last = self._run_model(tokens, mask, positions, past)
         layers: list[Any] = list(past.layers)  # full-attention layers: keys and values are tensors
 
@@ -239,50 +211,16 @@ class HFSamplingEngine(BatchingEngine[Snapshot]):
         return [Prefill([(row(x.keys, i), row(x.values, i)) for x in layers], last[i]) for i in range(len(prompts))]
 
     def _append_rows(self, prefills: list[Prefill], repeats: list[int]) -> None:
-        from transformers import DynamicCache
-
-        width = max(p.length for p in prefills)
-        index = torch.arange(len(prefills)).repeat_interleave(torch.tensor(repeats))
-        mask = _left_aligned_mask([p.length for p in prefills], width)
-        sel = index.to(self._device)
-        new = [
-            tuple(torch.cat([_left_pad(p.kv[layer][j], width, 2) for p in prefills])[sel] for j in (0, 1))
-            for layer in range(len(prefills[0].kv))
-        ]
-        if self._past is None:
-            self._past = DynamicCache()
-            for layer, (keys, values) in enumerate(new):
-                self._past.update(keys, values, layer)
-            self._mask = mask[index]
-        else:
-            slots = max(self._mask.shape[1], width)
-            for old, (keys, values) in zip(list(self._past.layers), new, strict=True):
-                old.keys = torch.cat([_left_pad(old.keys, slots, 2), _left_pad(keys, slots, 2)])
-                old.values = torch.cat([_left_pad(old.values, slots, 2), _left_pad(values, slots, 2)])
-            self._mask = torch.cat([_left_pad(self._mask, slots, 1), _left_pad(mask[index], slots, 1)])
-        self._lengths = torch.cat([self._lengths, torch.tensor([p.length for p in prefills])[index]])
-        self._last = torch.cat([self._last, torch.zeros(len(index), dtype=torch.long)])
+        self._batch_rows.append(prefills, repeats)
 
     def _feed_tokens(self, tokens: Tensor) -> None:
-        self._last = tokens
+        self._batch_rows.last = tokens
 
     def _clear_rows(self) -> None:
-        self._past = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
-        self._lengths = torch.zeros(0, dtype=torch.long)
-        self._last = torch.zeros(0, dtype=torch.long)
+        self._batch_rows.clear()
 
     def _keep_rows(self, keep: Tensor) -> None:
-        mask = self._mask.index_select(0, keep)
-        # Cut the leading columns that only finished rows used.
-        start = int(mask.any(0).long().argmax())
-        self._mask = mask[:, start:]
-        for layer in self._past.layers:
-            sel = keep.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(0, sel)[:, :, start:]
-            layer.values = layer.values.index_select(0, sel)[:, :, start:]
-        self._lengths = self._lengths.index_select(0, keep)
-        self._last = self._last.index_select(0, keep)
+        self._batch_rows.keep(keep)
 
     _pick = staticmethod(pick_tokens_unsorted)
 

@@ -43,6 +43,7 @@ from trio_rl.backends.local.batch_inputs import (
 from trio_rl.backends.local.batching import BatchingEngine
 from trio_rl.backends.local.client_base import QueuedTrainingClient
 from trio_rl.backends.local.optimizer import AdamState, adam_step
+from trio_rl.backends.local.requests import Limits
 from trio_rl.backends.local.runtime import BackendRuntime
 
 __all__ = [
@@ -283,9 +284,7 @@ class HFTrainingClient(QueuedTrainingClient[HFSamplingClient]):
             weights,
             self._tokenizer,
             self._runtime,
-            vocab_size=self._policy.vocab_size,
-            max_seq_len=self._settings.max_seq_len,
-            default_stop_ids=self._eos,
+            limits=Limits(self._policy.vocab_size, self._settings.max_seq_len, self._eos),
             inflight=inflight,
             version=version,
         )

@@ -21,6 +21,7 @@ except ImportError as _error:
 
 from trio_rl.backends.local.backend import LocalBackend
 from trio_rl.backends.local.model import ModelConfig
+from trio_rl.backends.local.runtime import EngineSettings
 from trio_rl.backends.local.tokenizer import CharTokenizer
 
-__all__ = ["CharTokenizer", "LocalBackend", "ModelConfig"]
+__all__ = ["CharTokenizer", "EngineSettings", "LocalBackend", "ModelConfig"]

@@ -10,7 +10,7 @@ import trio
 from trio_rl.backends.local.checkpoint import load_checkpoint
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn, default_async_loss
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
-from trio_rl.backends.local.runtime import BackendRuntime, InProcessBackend
+from trio_rl.backends.local.runtime import BackendRuntime, EngineSettings, InProcessBackend
 from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine, frozen_copy
 from trio_rl.backends.local.tokenizer import CharTokenizer
 from trio_rl.backends.local.training import LocalTrainingClient
@@ -39,22 +39,19 @@ class LocalBackend(InProcessBackend):
         log_dir: folder for checkpoints (``checkpoints/``) and sampler weights
             (``sampler_weights/``).
         seed: seeds the seeds of unseeded training clients and unseeded sampling requests.
-        max_batch_rows: most samples one sampling client decodes in one batch.
-        prefix_cache_bytes: bound of each sampling client's cache of prefilled
-            prompts (a prompt prefills only what follows the longest prefix
-            of it that the cache holds); ``0`` keeps none.
         num_threads: torch intra-op threads while the backend is entered
             (``torch.set_num_threads`` is process-wide; the previous value is
             restored on exit). The default, 1, is deliberate: for models this
             small a second thread gains little, and when the cores are shared
             with other busy processes, torch's spinning thread barriers made a
-            decode step about 40x slower with 2 threads than with 1 on a
+            decode step many times slower with 2 threads than with 1 on a
             2-core machine. ``None`` keeps torch's setting.
-        inflight_recompute_kv: with in-flight weights, whether running
-            requests recompute their keys and values under newly published
-            weights (one prefill pass) instead of keeping them, as Tinker does
-            (the default). Then each token's logprob is exactly a fresh forward
-            pass of the weights that produced it.
+        engine: how the sampling engines batch (``max_batch_rows``), cache prompts
+            (``prefix_cache_bytes``) and take in-flight weights (``inflight_recompute_kv``);
+            see :class:`~trio_rl.backends.EngineSettings`.
+
+    Raises:
+        ValueError: for ``num_threads`` below 1.
     """
 
     def __init__(
@@ -64,22 +61,14 @@ class LocalBackend(InProcessBackend):
         model_config: ModelConfig | None = None,
         tokenizer: CharTokenizer | None = None,
         seed: int = 0,
-        max_batch_rows: int = 256,
-        prefix_cache_bytes: int = 64 << 20,
         num_threads: int | None = 1,
-        inflight_recompute_kv: bool = False,
+        engine: EngineSettings | None = None,
     ) -> None:
-        for name, value in (
-            ("max_batch_rows", max_batch_rows),
-            ("num_threads", 1 if num_threads is None else num_threads),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError("num_threads must be at least 1")
         self._model_config = model_config if model_config is not None else ModelConfig()
         self._tokenizer = tokenizer if tokenizer is not None else CharTokenizer(DEFAULT_ALPHABET)
-        self._runtime = BackendRuntime(
-            Path(log_dir), seed, max_batch_rows, prefix_cache_bytes, inflight_recompute_kv=inflight_recompute_kv
-        )
+        self._runtime = BackendRuntime(Path(log_dir), seed, engine or EngineSettings())
         self._num_threads = num_threads
         self._base_seeds: dict[str, int] = {}
 

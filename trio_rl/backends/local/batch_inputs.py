@@ -60,7 +60,7 @@ def parse_batch(
     """
     parsed: list[DatumInputs] = []
     for i, datum in enumerate(data):
-        seq = datum.model_input.to_ints()
+        seq = _tinker_compat.token_ids(datum.model_input, f"datum {i}'s model_input")
         if not seq:
             raise ValueError(f"datum {i} has an empty model_input")
         if len(seq) > max_seq_len:

@@ -62,9 +62,9 @@ class BatchingEngine(InflightBatch[W]):
         runtime: the backend's nursery (for the engine task), thread limiter,
             seed source (for requests that bring no seed), and
             ``inflight_recompute_kv``.
-        vocab_size: token ids must lie in ``[0, vocab_size)``.
-        max_seq_len: prompt plus sampled tokens never exceed this.
-        default_stop_ids: the stop tokens of a request whose ``stop`` is ``None``.
+        limits: what a request must fit: token ids in ``[0, vocab_size)``, prompt plus
+            sampled tokens at most ``max_seq_len``, and the stop tokens of a request
+            whose ``stop`` is ``None``.
         inflight: whether this is an in-flight engine.
         version: the version of its first weights (optimizer steps taken).
     """
@@ -73,16 +73,14 @@ class BatchingEngine(InflightBatch[W]):
         self,
         runtime: BackendRuntime,
         *,
-        vocab_size: int,
-        max_seq_len: int,
-        default_stop_ids: frozenset[int],
+        limits: Limits,
         inflight: bool = False,
         version: int = 0,
     ) -> None:
         recompute = inflight and runtime.inflight_recompute_kv
         super().__init__(runtime.prefix_cache_bytes, inflight=inflight, version=version, recompute_kv=recompute)
         self._runtime = runtime
-        self._limits = Limits(vocab_size, max_seq_len, default_stop_ids)
+        self._limits = limits
         self._pending: list[Request] = []
         self._running = False
 
@@ -102,7 +100,12 @@ class BatchingEngine(InflightBatch[W]):
         """
         self._runtime.require_entered()
         request = build_request(
-            prompt.to_ints(), num_samples, sampling_params, self._limits, self._encode_stop_string, self._runtime.rng
+            _tinker_compat.token_ids(prompt, "the sample prompt"),
+            num_samples,
+            sampling_params,
+            self._limits,
+            self._encode_stop_string,
+            self._runtime.rng,
         )
         if request.max_new == 0:
             return _tinker_compat.sample_response([_tinker_compat.sampled_sequence([], [], "length")] * num_samples)
@@ -131,7 +134,7 @@ class BatchingEngine(InflightBatch[W]):
             ValueError: for an empty or too-long prompt or bad token ids.
         """
         self._runtime.require_entered()
-        tokens, limits = prompt.to_ints(), self._limits
+        tokens, limits = _tinker_compat.token_ids(prompt, "the compute_logprobs prompt"), self._limits
         if len(tokens) > limits.max_seq_len:
             raise ValueError(f"prompt longer than max_seq_len {limits.max_seq_len}")
         if any(not 0 <= t < limits.vocab_size for t in tokens):

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from trio_rl.backends.local.requests import Request
 
 DEFAULT_MAX_BYTES = 64 << 20
-"""Default bound of one engine's cache: the keys and values of about 1,400 prompt tokens of
-SmolLM2-135M in float32 (45 KiB a token), less 384 KiB of float64 logits for each prompt kept whole."""
+"""Default bound of one engine's cache: the keys and values of a few long prompts of a
+SmolLM2-135M-sized model in float32, less the float64 next-token logits of each prompt kept whole."""
 
 KV = list[tuple[Tensor, Tensor]]
 """Per layer, keys and values ``[1, heads, tokens, head_dim]`` of one token sequence."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -12,10 +13,44 @@ from typing import Self
 import torch
 import trio
 
+from trio_rl.backends.local.prefix_cache import DEFAULT_MAX_BYTES
+
 NOT_ENTERED = (
     "the LocalBackend is not entered: run code that samples or trains inside "
     "`async with backend:` (its background tasks live in that block)"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """How an in-process backend's sampling engines batch, cache prompts and take in-flight weights.
+
+    ``LocalBackend(engine=...)`` and ``HFBackend(engine=...)`` take one.
+
+    Attributes:
+        max_batch_rows: most samples one sampling client decodes in one batch.
+        prefix_cache_bytes: bound of each sampling client's cache of prefilled
+            prompts (a prompt prefills only what follows the longest prefix
+            of it that the cache holds); ``0`` keeps none.
+        inflight_recompute_kv: with in-flight weights, whether running
+            requests recompute their keys and values under newly published
+            weights (one prefill pass) instead of keeping them, as Tinker does
+            (the default). Then each token's logprob is exactly a fresh forward
+            pass of the weights that produced it.
+
+    Raises:
+        ValueError: for ``max_batch_rows`` below 1 or a negative ``prefix_cache_bytes``.
+    """
+
+    max_batch_rows: int = 256
+    prefix_cache_bytes: int = DEFAULT_MAX_BYTES
+    inflight_recompute_kv: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be at least 1, got {self.max_batch_rows}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must not be negative, got {self.prefix_cache_bytes}")
 
 
 class BackendRuntime:
@@ -24,28 +59,15 @@ class BackendRuntime:
     Args:
         log_dir: where checkpoints are written.
         seed: seeds the draws for unseeded requests and unseeded training clients.
-        max_batch_rows: most sampled rows one engine decodes together.
-        prefix_cache_bytes: bound of each sampling engine's cache of prefilled prompts.
-        inflight_recompute_kv: whether in-flight engines recompute their running
-            rows' keys and values after a publish, instead of keeping them.
+        engine: how its sampling engines batch, cache and take in-flight weights.
     """
 
-    def __init__(
-        self,
-        log_dir: Path,
-        seed: int,
-        max_batch_rows: int,
-        prefix_cache_bytes: int = 64 << 20,
-        *,
-        inflight_recompute_kv: bool = False,
-    ) -> None:
-        if prefix_cache_bytes < 0:
-            raise ValueError("prefix_cache_bytes must not be negative")
+    def __init__(self, log_dir: Path, seed: int, engine: EngineSettings) -> None:
         self.log_dir = log_dir
         self.rng = random.Random(seed)
-        self.max_batch_rows = max_batch_rows
-        self.prefix_cache_bytes = prefix_cache_bytes
-        self.inflight_recompute_kv = inflight_recompute_kv
+        self.max_batch_rows = engine.max_batch_rows
+        self.prefix_cache_bytes = engine.prefix_cache_bytes
+        self.inflight_recompute_kv = engine.inflight_recompute_kv
         # One torch job at a time: torch already uses every core inside a job,
         # and two jobs at once would only fight over them.
         self.limiter = trio.CapacityLimiter(1)

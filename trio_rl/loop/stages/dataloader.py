@@ -6,45 +6,35 @@ from contextlib import nullcontext
 
 import trio
 
-from ..channels import closed_unless_crashed, ready
+from ..channels import closed_unless_crashed
 from ..items import DatasetItems
-from ..work import Handout, ItemKey, WorkItem
+from ..work import Handout, ItemKey
 from .run import Run
 from .workers import WorkerPool
 
 
-async def dataloader_with_workers(
-    stop: trio.CancelScope,
-    items: DatasetItems,
-    run: Run,
-    workers: WorkerPool,
-    resampled: trio.MemoryReceiveChannel[WorkItem] | None,
-) -> None:
+async def dataloader_with_workers(stop: trio.CancelScope, items: DatasetItems, run: Run, workers: WorkerPool) -> None:
     """The dataloader and the workers it starts, in a nursery the trainer cancels through ``stop``."""
     with stop:
         async with trio.open_nursery() as nursery:
             workers.start_in(nursery)
-            await dataloader(items, run, workers, resampled)
+            await dataloader(items, run, workers)
 
 
-async def dataloader(
-    items: DatasetItems,
-    run: Run,
-    workers: WorkerPool,
-    resampled: trio.MemoryReceiveChannel[WorkItem] | None,
-) -> None:
+async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None:
     """Hand out the run's items in order, each once its schedule admits it; resampled items first.
 
     Closes the items channel when the data runs out, which is how the end of
-    data reaches the workers and then the trainer. Items sent back while fresh
-    data remained are handed out again; the back channel is then closed, so
-    that later resamples fail fast and are counted as drops by the trainer.
+    data reaches the workers and then the trainer. Where the run resamples,
+    items resampled while fresh data remained are handed out again; the back
+    edge is then closed, so that later ones are dropped and counted
+    (:class:`~trio_rl.loop.resampling.Resampling`).
     """
-    notes, gate = run.ledger.notes, run.gate
+    notes, gate, resampling = run.ledger.notes, run.gate, run.resampling
     with (
         workers.closed_unless_crashed(),
         closed_unless_crashed(notes),
-        resampled if resampled is not None else nullcontext(),
+        resampling.dataloader_side() if resampling is not None else nullcontext(),
     ):
         for entry in items:
             if isinstance(entry, ItemKey):
@@ -52,8 +42,8 @@ async def dataloader(
                 continue
             admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if again := ready(resampled):
-                    for item in again:
+                if resampling is not None and (resampled := resampling.take_ready()):
+                    for item in resampled:
                         await workers.hand_out(item)
                     continue
                 if gate.consumed >= admission.consumed_before:
@@ -63,11 +53,6 @@ async def dataloader(
                 await gate.wait_for_change()
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
             await workers.hand_out(entry.item(admission))
-        # Take what was resampled while data remained and close the back channel
-        # in the same step (no checkpoint between), so nothing sent back is
-        # ever left unread in its buffer.
-        last = ready(resampled)
-        if resampled is not None:
-            resampled.close()
-        for item in last:
-            await workers.hand_out(item)
+        if resampling is not None:
+            for item in resampling.take_last():
+                await workers.hand_out(item)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
+from ..publishing import WeightsPublishing
+from ..resampling import Resampling
 from ..schedules import Schedule
 from ..weights import LatestWeights
 
@@ -22,6 +24,8 @@ class Run:
         ledger: the items handed out and not yet trained or dropped (the trainer's).
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
+        publishing: how the weights reach the samplers (snapshots or in flight), chosen once.
+        resampling: what resampling does beyond deciding; only where the schedule resamples.
     """
 
     start_step: int
@@ -30,3 +34,5 @@ class Run:
     ledger: DataLedger
     gate: ConsumptionGate
     metrics: MetricsLog
+    publishing: WeightsPublishing
+    resampling: Resampling | None = None

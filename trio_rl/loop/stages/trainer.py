@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field, replace
 
 import trio
 
-from ...backends.protocol import SamplingClient
 from ...errors import NonFiniteError
 from ...types import Metrics
 from ..checkpoints import CheckpointKeeper, CheckpointRecord
@@ -36,16 +35,33 @@ class TrainerSettings:
     groups_per_step: int
     max_steps: int | None
     save_every: int
-    save_on_cancel: bool
-    cancel_save_timeout: float
     planned_steps: int | None = None
     """The steps the run expects in all (for ``progress/done_frac``), when known."""
     learning_rate: float | None = None
     """Written as ``optim/lr`` when the backend's optimizer reports none, as the cookbook always writes it."""
     start_counts: RunCounts = field(default_factory=RunCounts)
     """Group and token counts before this run (from the checkpoint resumed), which this run continues."""
-    inflight_weights: bool = False
-    """Whether the weights are published in flight (token lags are then a bound where the backend does not say)."""
+    rolling_save_every: int = 0
+    """Also save every N steps that ``save_every`` does not, recorded as ``"rolling"`` (0: never)."""
+
+
+@dataclass(frozen=True)
+class TrainerParts:
+    """The trainer's collaborators, each with one job.
+
+    Attributes:
+        intake: receives the groups and carries out the schedule's verdict on each.
+        runner: submits a step's minibatches and publishes its weights.
+        checkpoints: saves the state with the ledger's view of the data.
+        evals: asks the evaluator for the evaluations that are due.
+        crashes: whether a stage around the trainer crashed (rather than the run being cancelled).
+    """
+
+    intake: GroupIntake
+    runner: StepRunner
+    checkpoints: CheckpointKeeper
+    evals: EvalRequests
+    crashes: Crashes
 
 
 @dataclass(frozen=True)
@@ -62,26 +78,14 @@ class TrainerOutcome:
 class Trainer:
     """Trains the schedule's steps, records each, checkpoints, and asks for evaluations."""
 
-    def __init__(
-        self,
-        settings: TrainerSettings,
-        *,
-        run: Run,
-        intake: GroupIntake,
-        runner: StepRunner,
-        checkpoints: CheckpointKeeper,
-        evals: EvalRequests,
-        crashes: Crashes,
-        owed_evaluations: Sequence[tuple[int, SamplingClient]] = (),
-    ) -> None:
+    def __init__(self, settings: TrainerSettings, run: Run, parts: TrainerParts) -> None:
         self._settings = settings
-        self._crashes = crashes
-        self._owed_evaluations = owed_evaluations
         self._run = run
-        self._intake = intake
-        self._runner = runner
-        self._checkpoints = checkpoints
-        self._evals = evals
+        self._crashes = parts.crashes
+        self._intake = parts.intake
+        self._runner = parts.runner
+        self._checkpoints = parts.checkpoints
+        self._evals = parts.evals
         self.step = run.start_step
         self.counts = settings.start_counts
         self._started = time.perf_counter()
@@ -89,8 +93,7 @@ class Trainer:
     async def run(self) -> TrainerOutcome:
         """Train until the data runs out or ``max_steps``, then evaluate and save the final weights."""
         try:
-            for version, client in self._owed_evaluations:
-                await self._evals.request(version, client)
+            await self._evals.request_owed()
             await self._evals.request_if_due(self.step)
             stopped = await self._train_steps()
             # At max_steps the rollouts still running are of no use.
@@ -98,17 +101,20 @@ class Trainer:
             return await self._finish(stopped)
         except trio.Cancelled:
             # A crash is no end of data: nothing is saved after it.
-            crashed = self._crashes.seen
-            if self._settings.save_on_cancel and self._checkpoints.final is None and not crashed:
-                with trio.move_on_after(self._settings.cancel_save_timeout, shield=True):
-                    interrupted = await self._runner.finish_interrupted(self._summarize)
-                    if interrupted is not None:
-                        self._record(interrupted)
-                    # Groups skipped, filtered or dropped since the last record are
-                    # retired from the ledger: the row must count them.
-                    self.counts = self._tally(self.counts)
-                    await self._save(final=True, reason="cancelled")
+            checkpoints = self._checkpoints
+            if checkpoints.save_on_cancel and checkpoints.final is None and not self._crashes.seen:
+                with trio.move_on_after(checkpoints.cancel_save_timeout, shield=True):
+                    await self._save_on_cancel()
             raise
+
+    async def _save_on_cancel(self) -> None:
+        interrupted = await self._runner.finish_interrupted(self._summarize)
+        if interrupted is not None:
+            self._record(interrupted)
+        # Groups skipped, filtered or dropped since the last record are
+        # retired from the ledger: the row must count them.
+        self.counts = self._tally(self.counts)
+        await self._save(final=True, reason="cancelled")
 
     async def _train_steps(self) -> bool:
         """Whether ``max_steps`` (rather than the end of data) stopped training."""
@@ -122,17 +128,25 @@ class Trainer:
             if max_steps is None or done.step + 1 < max_steps:
                 # A later step's group skipped, filtered or resampled at this
                 # instant is in this record whatever Trio's task order (past
-                # max_steps nothing more is sorted: those groups are cancelled).
-                await self._intake.sort_this_instant(done.step + 1)
+                # max_steps nothing more is classified: those groups are cancelled).
+                await self._intake.classify_this_instant(done.step + 1)
             self._record(done)
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
-            self._run.gate.consume(len(done.taken))
-            every = self._settings.save_every
-            if every and self.step % every == 0:
-                await self._save(final=False, reason="periodic")
+            self._run.gate.free(g.item for g in done.taken)
+            if (reason := self._save_reason()) is not None:
+                await self._save(final=False, reason=reason)
             await self._evals.request_if_due(self.step)
         return True
+
+    def _save_reason(self) -> str | None:
+        """Why the state after this step is saved: ``"periodic"``, ``"rolling"`` (0.6.1's cadence), or not at all."""
+        every, rolling = self._settings.save_every, self._settings.rolling_save_every
+        if every and self.step % every == 0:
+            return "periodic"
+        if rolling and self.step % rolling == 0:
+            return "rolling"
+        return None
 
     async def _train_step(self) -> TrainedStep | None:
         """Submit each minibatch the schedule decides as soon as it does, then publish the step's weights."""
@@ -159,20 +173,7 @@ class Trainer:
 
     def _tally(self, counts: RunCounts, filtered: Sequence[FinishedGroup] = ()) -> RunCounts:
         """``counts`` with every group fate counted since: the intake's and the ledger's, and ``filtered`` (a step's own)."""
-        intake, start = self._intake, self._settings.start_counts
-        filtered = [*filtered, *intake.take_filtered()]
-        discarded = rollout_tokens(filtered)
-        # The intake and the ledger count this run's groups; a resumed run adds them to the checkpoint's.
-        return replace(
-            counts,
-            requeued=start.requeued + intake.requeued,
-            dropped_stale=start.dropped_stale + intake.dropped_stale,
-            groups_skipped=start.groups_skipped + intake.groups_skipped,
-            empty_batches=start.empty_batches + self._run.ledger.empty_batches,
-            filtered_groups=counts.filtered_groups + len(filtered),
-            cumulative_tokens=counts.cumulative_tokens + discarded,
-            discarded_tokens=counts.discarded_tokens + discarded,
-        )
+        return tally(counts, self._settings.start_counts, self._intake, self._run.ledger.empty_batches, filtered)
 
     def _record(self, done: TrainedStep) -> None:
         ledger = self._run.ledger
@@ -193,7 +194,13 @@ class Trainer:
             filtered=[g for g in done.taken if id(g) not in trained_ids],
         )
         settings = self._settings
-        metrics = trained_step_metrics(done, self.counts, tokens, settings.planned_steps, settings.inflight_weights)
+        metrics = trained_step_metrics(
+            done,
+            self.counts,
+            tokens,
+            settings.planned_steps,
+            lags_are_bounds=self._run.publishing.token_lags_are_bounds,
+        )
         if not math.isfinite(metrics["train/loss:sum"]):
             # Checked before anything is recorded or saved: the state is unusable.
             raise NonFiniteError(f"step {done.step}: the loss is {metrics['train/loss:sum']}; the run stops unsaved")
@@ -213,3 +220,25 @@ class Trainer:
         self._evals.close()
         checkpoint = await self._save(final=True, reason="final")
         return TrainerOutcome(self.step, stopped, counts, cancelled, checkpoint)
+
+
+def tally(
+    counts: RunCounts, start: RunCounts, intake: GroupIntake, empty_batches: int, filtered: Sequence[FinishedGroup]
+) -> RunCounts:
+    """``counts`` with every group fate counted since: the intake's, the ledger's ``empty_batches``, and ``filtered``.
+
+    The intake and the ledger count this run's groups; a resumed run adds them to
+    ``start``, the checkpoint's counts. ``filtered`` are a step's own filtered groups.
+    """
+    filtered = [*filtered, *intake.take_filtered()]
+    discarded = rollout_tokens(filtered)
+    return replace(
+        counts,
+        requeued=start.requeued + intake.resampled,
+        dropped_stale=start.dropped_stale + intake.dropped,
+        groups_skipped=start.groups_skipped + intake.groups_skipped,
+        empty_batches=start.empty_batches + empty_batches,
+        filtered_groups=counts.filtered_groups + len(filtered),
+        cumulative_tokens=counts.cumulative_tokens + discarded,
+        discarded_tokens=counts.discarded_tokens + discarded,
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import trio
@@ -16,10 +16,10 @@ from ...rl.data import assemble_training_data
 from ...rl.kl import reference_logprob_diffs
 from ...rl.rollouts import ErrorStrategy, ParamsPerCall, SamplingPolicy, TokenPolicy, group_envs, rollout_group
 from ...rl.summary import GroupSummary
+from ...rl.termination import TerminationRewardPolicy
 from ...types import TrajectoryGroup
 from ..channels import closed_unless_crashed, send_downstream
-from ..schedules import Schedule
-from ..weights import LatestWeights
+from ..resampling import given_up_when_stale
 from ..work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 from .run import Run
 
@@ -36,6 +36,8 @@ class RolloutSettings:
     """The most rollout workers at once (None: as many as items in flight)."""
     reference: SamplingClient | None = None
     """The KL penalty's reference model, when there is one."""
+    termination: TerminationRewardPolicy | None = None
+    """How a reward depends on the stop reason (``Config.termination``)."""
 
 
 class WorkerPool:
@@ -58,8 +60,7 @@ class WorkerPool:
         self._items_recv = items_recv
         self._groups_send = groups_send
         self._settings = settings
-        self._schedule = run.schedule
-        self._weights = run.weights
+        self._run = run
         self._max = math.inf if settings.max_workers is None else settings.max_workers
         self._nursery: trio.Nursery | None = None
         self._started = 0
@@ -83,8 +84,7 @@ class WorkerPool:
                 self._items_recv.clone(),
                 self._groups_send.clone(),
                 self._settings,
-                self._schedule,
-                self._weights,
+                self._run,
             )
         await send_downstream(self._items_send, item)
 
@@ -97,18 +97,15 @@ async def rollout_worker(
     items: trio.MemoryReceiveChannel[WorkItem],
     groups: trio.MemorySendChannel[Delivery],
     settings: RolloutSettings,
-    schedule: Schedule,
-    weights: LatestWeights,
+    run: Run,
 ) -> None:
     """Sample groups until the items run out, closing its clone of ``groups`` on exit."""
     with closed_unless_crashed(items, groups):
         async for item in items:
-            await send_downstream(groups, await run_work_item(item, settings, schedule, weights))
+            await send_downstream(groups, await run_work_item(item, settings, run))
 
 
-async def run_work_item(
-    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
-) -> Delivery:
+async def run_work_item(item: WorkItem, settings: RolloutSettings, run: Run) -> Delivery:
     """Roll out one item; a group that fails under a tolerant strategy becomes a :class:`SkippedGroup`.
 
     Under ``FailFast`` (which catches nothing) the failure propagates and ends
@@ -116,7 +113,7 @@ async def run_work_item(
     errors always propagate.
     """
     try:
-        rolled = await _roll_out(item, settings, schedule, weights)
+        rolled = await _roll_out(item, settings, run)
     except Exception as failure:
         if not settings.error_strategy.catches_group_errors or stops_the_run(failure):
             raise
@@ -138,14 +135,15 @@ async def run_work_item(
 
 
 async def _roll_out(
-    item: WorkItem, settings: RolloutSettings, schedule: Schedule, weights: LatestWeights
+    item: WorkItem, settings: RolloutSettings, run: Run
 ) -> tuple[int, TrajectoryGroup] | AbandonedGroup:
     """Make the envs, wait for fresh-enough weights, roll out the group."""
+    weights = run.weights
     # Envs are made before waiting for weights, so the group is ready to sample
     # the moment the trainer publishes.
     async with group_envs(item.builder) as envs:
         await weights.wait_for(item.min_version)
-        if not schedule.samples_exact_version:
+        if not run.schedule.samples_exact_version:
             # Which weights a rollout uses must not depend on which of the tasks
             # due at this instant (the trainer publishing among them) ran first.
             await settle()
@@ -156,25 +154,11 @@ async def _roll_out(
             return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
 
         group: TrajectoryGroup | None = None
-        with _given_up_when_stale(schedule, weights, version):
-            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy)
+        with given_up_when_stale(run.resampling, weights.version, version):
+            group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy, settings.termination)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
     return version, group
-
-
-def _given_up_when_stale(schedule: Schedule, weights: LatestWeights, version: int) -> AbstractContextManager[object]:
-    """A scope that the weights cancel once a rollout from ``version`` is too stale to train on.
-
-    Where the schedule never gives up a rollout, no scope is entered (thousands
-    of waiting rollouts would each hold one).
-    """
-    expiry = schedule.gives_up_at(version)
-    if expiry is None:
-        return nullcontext()
-    stale = trio.CancelScope()
-    weights.cancel_at(expiry, stale)
-    return stale
 
 
 def _check_finite_rewards(item: WorkItem, version: int, rewards: Sequence[float]) -> None:
