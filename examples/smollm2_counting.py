@@ -49,7 +49,7 @@ from trio_rl import (
     Trajectory,
     derive_seed,
 )
-from trio_rl.cli import CommonArgs, make_config, parse_args, run_cli
+from trio_rl.cli import CommonArgs, Reporting, make_config, parse_args, run_cli
 
 # ---------------------------------------------------------------- configuration
 
@@ -234,10 +234,12 @@ def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
         dataset=dataset,
         backend=backend,
         evaluators=[GreedyCounting(renderer, args)],
-        curve_keys=("eval/reward", "eval/exact"),
-        progress=args.progress,
-        progress_every=args.progress_every,
-        debug=args.debug,
+        reporting=Reporting(
+            curve_keys=("eval/reward", "eval/exact"),
+            progress=args.progress,
+            progress_every=args.progress_every,
+            debug=args.debug,
+        ),
     )
 
 

@@ -7,13 +7,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import tests.hf_helpers  # noqa: F401  (skips without the extra)
 from tests.conftest import read_jsonl
-from tests.hf_helpers import tiny_model  # noqa: F401  (fixture; skips without the extra)
 from tests.integration.tiny_model import TinyModel
 from tests.test_hf_example import CHATML, EXAMPLES
 
 
-def test_the_counting_example_runs_two_async_steps_on_a_tiny_chat_model(tmp_path: Path, tiny_model: TinyModel) -> None:  # noqa: F811
+def test_the_counting_example_runs_two_async_steps_on_a_tiny_chat_model(tmp_path: Path, tiny_model: TinyModel) -> None:
     from transformers import AutoTokenizer
 
     model_dir = tmp_path / "models" / "tiny-chat"
