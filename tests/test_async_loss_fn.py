@@ -1,5 +1,5 @@
 """AsyncConfig.loss_fn, as in tinker-cookbook 0.6.1 (``rl/train.py``: ``AsyncConfig``, ``Config.training_loss_fn``
-and the conflict check at the top of ``main``), and which backends train it."""
+and the conflict check at the top of ``main``), its default resolved per backend, and which backends train it."""
 
 from __future__ import annotations
 
@@ -13,23 +13,49 @@ from trio.testing import MockClock
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
+from trio_rl.async_loss import with_async_loss
 from trio_rl.backends.local import LocalBackend
 from trio_rl.testing import FakeBackend, FakeDataset
 
 
-def test_async_config_loss_defaults_to_stable_reinforce() -> None:
-    assert AsyncConfig(1, 4).loss_fn == "stable_reinforce"
+def test_async_config_loss_defaults_to_none_resolved_per_backend() -> None:
+    assert AsyncConfig(1, 4).loss_fn is None
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_training_loss_is_async_configs_in_async_mode_and_config_loss_otherwise(tmp_path: Path, mode: str) -> None:
     is_async = make_config(tmp_path, mode).async_config is not None
-    assert make_config(tmp_path, mode).training_loss_fn() == ("stable_reinforce" if is_async else "importance_sampling")
-    assert make_config(tmp_path, mode, loss_fn="ppo").training_loss_fn() == ("stable_reinforce" if is_async else "ppo")
+    on_fake = with_async_loss(make_config(tmp_path, mode), FakeBackend())
+    assert on_fake.training_loss_fn() == ("stable_reinforce" if is_async else "importance_sampling")
+    on_fake_ppo = with_async_loss(make_config(tmp_path, mode, loss_fn="ppo"), FakeBackend())
+    assert on_fake_ppo.training_loss_fn() == ("stable_reinforce" if is_async else "ppo")
+
+
+def test_an_unresolved_async_loss_names_what_resolves_it(tmp_path: Path) -> None:
+    config = Config(log_path=tmp_path, async_config=AsyncConfig(1, 4))
+    config.validate()  # None is valid: the backend resolves it
+    with pytest.raises(ValueError, match="resolved per backend when the run starts"):
+        config.training_loss_fn()
+
+
+def test_the_async_default_resolves_per_backend(tmp_path: Path) -> None:
+    config = Config(log_path=tmp_path, async_config=AsyncConfig(1, 4))
+    tinker_like = with_async_loss(config, object())  # a backend naming no default of its own: the cookbook's
+    assert tinker_like.training_loss_fn() == "stable_reinforce" and tinker_like.loss_fn_config is None
+    local = with_async_loss(config, LocalBackend(log_dir=tmp_path / "backend"))
+    assert local.training_loss_fn() == "importance_sampling" and local.loss_fn_config == {"tis_cap": 2.0}
+    # Parameters the user gave are kept; an explicit loss is never replaced.
+    own = with_async_loss(
+        Config(log_path=tmp_path, loss_fn_config={"mis_cap": 3.0}, async_config=AsyncConfig(1, 4)),
+        LocalBackend(log_dir=tmp_path / "b"),
+    )
+    assert own.loss_fn_config == {"mis_cap": 3.0}
+    explicit = Config(log_path=tmp_path, async_config=AsyncConfig(1, 4, loss_fn="ppo"))
+    assert with_async_loss(explicit, LocalBackend(log_dir=tmp_path / "c")) is explicit
 
 
 def test_a_non_default_config_loss_conflicting_with_async_configs_is_refused(tmp_path: Path) -> None:
-    config = Config(log_path=tmp_path, loss_fn="ppo", async_config=AsyncConfig(1, 4))
+    config = Config(log_path=tmp_path, loss_fn="ppo", async_config=AsyncConfig(1, 4, loss_fn="stable_reinforce"))
     with pytest.raises(
         ConfigError, match=re.escape("Config.loss_fn='ppo' conflicts with AsyncConfig.loss_fn='stable_reinforce'")
     ):
@@ -66,7 +92,7 @@ def test_stable_reinforce_on_an_sdk_without_it_names_the_sdk_and_the_version_it_
     # tinker 0.24.1's LossFnType: no stable_reinforce.
     monkeypatch.setattr(config_checks, "LOSS_FNS", ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro"))
     monkeypatch.setattr(compat, "SDK_VERSION", "tinker 0.24.1")
-    config = Config(log_path=tmp_path, async_config=AsyncConfig(1, 4))
+    config = with_async_loss(Config(log_path=tmp_path, async_config=AsyncConfig(1, 4)), object())
     with pytest.raises(
         ConfigError, match=re.escape("needs the tinker SDK 0.38 or later; the installed tinker 0.24.1")
     ) as info:
@@ -79,7 +105,7 @@ def test_stable_reinforce_with_a_discounted_kl_penalty_is_refused(tmp_path: Path
 
     config = Config(
         log_path=tmp_path,
-        async_config=AsyncConfig(1, 4),
+        async_config=AsyncConfig(1, 4, loss_fn="stable_reinforce"),
         kl_penalty_coef=0.1,
         kl_discount_factor=0.9,
         kl_reference_config=KLReferenceConfig("m"),
@@ -100,7 +126,7 @@ async def test_every_forward_backward_sends_the_resolved_loss(
     config = make_config(log_path, mode)
     await run_fake(config, FakeDataset(2, 4), backend)
     losses = {call.detail["loss_fn"] for call in backend.calls_of("forward_backward")}
-    assert losses == {config.training_loss_fn()}
+    assert losses == {with_async_loss(config, backend).training_loss_fn()}
 
 
 async def test_stable_reinforce_data_carries_provenance_on_every_datum(
@@ -121,11 +147,11 @@ async def test_stable_reinforce_data_carries_provenance_on_every_datum(
     assert sent and all(getattr(d, "loss_fn_input_spans", None) for d in sent)
 
 
-async def test_local_backend_refuses_async_configs_default_loss_before_any_work_naming_what_it_trains(
+async def test_local_backend_refuses_stable_reinforce_before_any_work_naming_what_it_trains(
     tmp_path: Path,
 ) -> None:
     async with LocalBackend(log_dir=tmp_path / "backend") as backend:
-        config = Config(log_path=tmp_path / "run", async_config=AsyncConfig(1, 1))
+        config = Config(log_path=tmp_path / "run", async_config=AsyncConfig(1, 1, loss_fn="stable_reinforce"))
         with pytest.raises(ConfigError) as info:
             await train(config, dataset=FakeDataset(1, 1), backend=backend)
     message = str(info.value)

@@ -28,6 +28,7 @@ from tests.polling import wait_until
 from tests.tinker_sdk_standin import StandinServiceClient, open_standin_service
 from trio_rl import AsyncConfig, Config, ConfigError, train
 from trio_rl import _tinker_compat as compat
+from trio_rl.async_loss import with_async_loss
 from trio_rl.backends import protocol
 from trio_rl.backends.tinker import InflightWeightsRefusedError, TinkerBackend, TinkerTrainingClient
 from trio_rl.testing import FakeDataset
@@ -232,7 +233,7 @@ async def test_a_run_with_inflight_weights_trains_every_group_once(tmp_path: Pat
     assert service.inflight_token_steps
     assert all(steps == sorted(steps) for steps in service.inflight_token_steps)
     # An async run on 0.38 trains stable_reinforce: its in-flight samplers recorded stability info.
-    assert set(service.trained_losses) == {config.training_loss_fn()} == {"stable_reinforce"}
+    assert set(service.trained_losses) == {with_async_loss(config, backend).training_loss_fn()} == {"stable_reinforce"}
 
 
 @needs_inflight

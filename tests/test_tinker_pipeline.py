@@ -12,6 +12,7 @@ from tests.pipeline_helpers import MODES, make_config
 from tests.tinker_sdk_standin import open_standin_service
 from trio_rl import train
 from trio_rl._tinker_compat import HAS_STABLE_REINFORCE
+from trio_rl.async_loss import with_async_loss
 from trio_rl.backends import TinkerBackend
 from trio_rl.testing import FakeDataset, FakeEnvSpec, FakeEvaluator
 
@@ -52,4 +53,4 @@ async def test_training_run_through_tinker_backend(tmp_path: Path, mode: str, sd
     assert (tmp_path / "run" / "metrics.jsonl").exists()
     # Every forward_backward trained the run's loss (an async run on 0.38: stable_reinforce, which the
     # stand-in refuses without provenance naming sequences sampled with stability info).
-    assert set(service.trained_losses) == {config.training_loss_fn()}
+    assert set(service.trained_losses) == {with_async_loss(config, backend).training_loss_fn()}

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
+from ..async_loss import default_async_loss
 from ..backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
 from ..config import Config
 from ..errors import ConfigError
@@ -93,6 +94,9 @@ class _BindTokenizer:
         check: Callable[[str, dict[str, float] | None], None] | None = getattr(self._inner, "check_loss_fn", None)
         if check is not None:
             check(loss_fn, loss_fn_config)
+
+    def default_async_loss(self) -> tuple[str, dict[str, float] | None]:
+        return default_async_loss(self._inner)
 
 
 def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyTokenizer]:

@@ -72,10 +72,12 @@ class AsyncConfig:
     of tinker-cookbook PR #822, unreleased: each group's step is fixed when it is handed out, no group is more than K
     steps stale, a step waits for its stragglers) or requeue (tinker-cookbook 0.5.5: groups more than K steps stale
     are resampled while the dataset has data, and dropped, counted, afterwards)"""
-    loss_fn: str = "stable_reinforce"
-    """the loss async runs train with, in place of Config.loss_fn, as in tinker-cookbook 0.6.1 (stable_reinforce needs
-    the tinker SDK 0.38 and a backend that trains it; LocalBackend and HFBackend do not, so choose e.g.
-    importance_sampling there); a Config.loss_fn other than its default and this value is refused"""
+    loss_fn: str | None = None
+    """the loss async runs train with, in place of Config.loss_fn, as in tinker-cookbook 0.6.1; None (the default)
+    resolves per backend before any work (trio_rl.async_loss): stable_reinforce on Tinker and FakeBackend, as in the
+    cookbook; on LocalBackend and HFBackend, which lack it, importance_sampling with token-level truncated importance
+    sampling (loss_fn_config tis_cap 2.0 unless Config.loss_fn_config is set); a Config.loss_fn other than its default
+    and the resolved value is refused"""
     inflight_weights: bool = False
     """async only: publish each step's weights in flight, so running rollouts adopt them between tokens (needs
     staleness oldest_first and num_substeps 1)"""

@@ -144,8 +144,19 @@ class Config:
         """The loss this run trains with: ``async_config.loss_fn`` in async mode, ``loss_fn`` otherwise.
 
         The cookbook 0.6.1's ``Config.training_loss_fn()``; everything that reads the loss reads this.
+
+        Raises:
+            ValueError: in async mode with ``AsyncConfig.loss_fn=None``, which only
+                a backend resolves (:func:`trio_rl.async_loss.with_async_loss`).
         """
-        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+        if self.async_config is None:
+            return self.loss_fn
+        if self.async_config.loss_fn is None:
+            raise ValueError(
+                "AsyncConfig.loss_fn=None is resolved per backend when the run starts; "
+                "use trio_rl.async_loss.with_async_loss(config, backend) to see it"
+            )
+        return self.async_config.loss_fn
 
     def rollout_strategy(self) -> ErrorStrategy:
         """The error strategy ``rollout_error_tolerance`` selects (the cookbook's ``effective_rollout_strategy``).
@@ -240,9 +251,9 @@ def check_loss_on_backend(config: Config, backend: object) -> None:
             raise ConfigError("loss_fn", str(error)) from None
         raise ConfigError(
             "async_config.loss_fn",
-            f"{error}. Async runs train AsyncConfig.loss_fn (default 'stable_reinforce', as in tinker-cookbook "
-            "0.6.1), not Config.loss_fn; choose one this backend trains, e.g. "
-            "AsyncConfig(..., loss_fn='importance_sampling') (on the examples' command line: --loss-fn)",
+            f"{error}. Async runs train AsyncConfig.loss_fn, not Config.loss_fn; choose one this backend "
+            "trains, e.g. AsyncConfig(..., loss_fn='importance_sampling'), or leave it at None for the "
+            "backend's own default (on the examples' command line: --loss-fn)",
         ) from None
 
 
@@ -268,7 +279,7 @@ def _validate(config: Config, dataset_batch_size: int | None) -> None:
 def _check_losses(config: Config) -> None:
     """The cookbook 0.6.1's loss checks: a known loss, no conflict with AsyncConfig's, what stable_reinforce needs."""
     check_known_loss("loss_fn", config.loss_fn)
-    if config.async_config is not None:
+    if config.async_config is not None and config.async_config.loss_fn is not None:
         check_known_loss("async_config.loss_fn", config.async_config.loss_fn)
         # As in the cookbook: Config.loss_fn's default never conflicts, any other value must agree.
         if config.loss_fn not in (DEFAULT_LOSS_FN, config.async_config.loss_fn):
@@ -278,7 +289,7 @@ def _check_losses(config: Config) -> None:
                 f"{config.async_config.loss_fn!r}; async runs train with AsyncConfig.loss_fn, so set the loss there "
                 f"(AsyncConfig(..., loss_fn={config.loss_fn!r}))",
             )
-    if config.training_loss_fn() == "stable_reinforce" and config.kl_penalty_coef > 0 and config.kl_discount_factor > 0:
+    if _chosen_loss(config) == "stable_reinforce" and config.kl_penalty_coef > 0 and config.kl_discount_factor > 0:
         # Discounting moves the KL penalty onto prompt tokens; stable_reinforce accepts
         # nonzero advantages only on sampled tokens (tinker-cookbook 0.6.1 refuses it too).
         raise ConfigError(
@@ -286,6 +297,13 @@ def _check_losses(config: Config) -> None:
             "kl_discount_factor > 0 is not supported with loss_fn='stable_reinforce' (the AsyncConfig default); "
             "set kl_discount_factor=0 or choose another loss",
         )
+
+
+def _chosen_loss(config: Config) -> str | None:
+    """The run's loss, or ``None`` while ``AsyncConfig.loss_fn=None`` waits for the backend to resolve it."""
+    if config.async_config is None:
+        return config.loss_fn
+    return config.async_config.loss_fn
 
 
 def _check_numbers(config: Config) -> None:
@@ -332,7 +350,7 @@ def _check_kl_penalty(config: Config) -> None:
             "kl_reference_config",
             "must be given when kl_penalty_coef > 0, e.g. KLReferenceConfig(base_model=config.base_model)",
         )
-    if config.kl_penalty_coef > 0 and config.training_loss_fn() == "cross_entropy":
+    if config.kl_penalty_coef > 0 and _chosen_loss(config) == "cross_entropy":
         raise ConfigError("kl_penalty_coef", "cross_entropy has no advantages to penalise; set it to 0")
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from tinker import types as tinker_types
 
 from .. import _tinker_compat as compat
+from ..base.reduced_metrics import add_reduced
 from ..rl.data import MASK_KEY
 from ..rl.metrics import summary_metrics
 from ..types import Metrics
@@ -231,7 +232,8 @@ def sample_train_kl(
 
 
 def result_metrics(results: Sequence[Any]) -> Metrics:
-    """``train/loss:sum`` over the step's ``forward_backward`` answers and the optimizer's metrics."""
+    """``train/loss:sum`` over the step's ``forward_backward`` answers, the optimizer's metrics, and
+    the importance weights' statistics where the backend reported them (:func:`offpolicy_metrics`)."""
     metrics: Metrics = {}
     loss = 0.0
     for result in results:
@@ -240,7 +242,39 @@ def result_metrics(results: Sequence[Any]) -> Metrics:
         elif isinstance(result, tinker_types.OptimStepResponse) and result.metrics:
             metrics.update({f"optim/{k}": v for k, v in result.metrics.items()})
     metrics["train/loss:sum"] = loss
+    metrics.update(offpolicy_metrics([r for r in results if isinstance(r, tinker_types.ForwardBackwardOutput)]))
     return metrics
+
+
+def offpolicy_metrics(outputs: Sequence[tinker_types.ForwardBackwardOutput]) -> Metrics:
+    """The step's importance weights ``w = exp(p - q)`` over its trained tokens, from the in-process backends' sums.
+
+    Returns:
+        Nothing when no answer carries ``offpolicy/tokens:sum`` (Tinker, the
+        fake); else ``offpolicy/tokens``, ``offpolicy/is_weight_mean``,
+        ``offpolicy/is_weight_max`` (before any clamp or mask),
+        ``offpolicy/corrected_frac`` (tokens clamped or masked),
+        ``offpolicy/ess`` (the effective sample size of the applied
+        coefficients ``c``, ``(sum c)^2 / (n * sum c^2)``, 1 when every token
+        weighs the same, 0 when every one is masked) and
+        ``offpolicy/sequences_masked_frac`` (data dropped by a sequence mask).
+    """
+    total: dict[str, float] = {}
+    for output in outputs:
+        add_reduced(total, output.metrics, "offpolicy/")
+    tokens = total.get("offpolicy/tokens:sum", 0.0)
+    if not tokens:
+        return {}
+    square = total["offpolicy/coef_sq:sum"]
+    sequences = total["offpolicy/sequences:sum"]
+    return {
+        "offpolicy/tokens": tokens,
+        "offpolicy/is_weight_mean": total["offpolicy/is_weight:sum"] / tokens,
+        "offpolicy/is_weight_max": total["offpolicy/is_weight_max:max"],
+        "offpolicy/corrected_frac": total["offpolicy/corrected:sum"] / tokens,
+        "offpolicy/ess": total["offpolicy/coef:sum"] ** 2 / (tokens * square) if square > 0 else 0.0,
+        "offpolicy/sequences_masked_frac": total["offpolicy/sequences_masked:sum"] / sequences if sequences else 0.0,
+    }
 
 
 def token_lag_metrics(step: int, trained: Sequence[FinishedGroup], inflight: bool = False) -> Metrics:

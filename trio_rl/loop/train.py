@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from ..async_loss import with_async_loss
 from ..asyncio_bridge import open_user_code_runner
 from ..backends.protocol import Backend, SamplingClient, TrainingClient
 from ..base.jsonl import RunFolderWarning, read_records
@@ -143,17 +144,19 @@ async def _run_nursery(config: Config) -> AsyncGenerator[trio.Nursery, None]:
 
 def _check_before_work(
     config: Config, dataset: RLDataset, backend: Backend
-) -> tuple[RLDataset, Sequence[EnvGroupBuilder]]:
-    """Validate ``config`` against the backend and the dataset's first batch (built once).
+) -> tuple[Config, RLDataset, Sequence[EnvGroupBuilder]]:
+    """Resolve the backend's defaults into ``config`` and validate it against the backend and the
+    dataset's first batch (built once).
 
     Returns:
-        The dataset over ``num_epochs`` passes, and its first batch.
+        The resolved configuration, the dataset over ``num_epochs`` passes, and its first batch.
     """
+    config = with_async_loss(config, backend)
     first_batch: Sequence[EnvGroupBuilder] = dataset.get_batch(0) if len(dataset) > 0 else []
     config.validate(dataset_batch_size=len(first_batch) if len(dataset) > 0 else None)
     check_loss_on_backend(config, backend)
     check_inflight_on_backend(config, backend)
-    return with_epochs(dataset, config.num_epochs), first_batch
+    return config, with_epochs(dataset, config.num_epochs), first_batch
 
 
 async def train(
@@ -189,7 +192,7 @@ async def train(
             ``ExceptionGroup`` whose leaves are the original exceptions; catch them
             with ``except*``. The run never hangs on a failure.
     """
-    dataset, first_batch = _check_before_work(config, dataset, backend)
+    config, dataset, first_batch = _check_before_work(config, dataset, backend)
     run_folder.claim(config, dataset_length=len(dataset))
     checkpoint_log = CheckpointLog(Path(config.log_path))
     run: Run | None = None

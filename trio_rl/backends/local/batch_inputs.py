@@ -20,7 +20,9 @@ from torch import Tensor
 
 from trio_rl import _tinker_compat
 from trio_rl.backends.local.losses import LOSS_FUNCTIONS, REQUIRED_INPUTS
+from trio_rl.backends.local.offpolicy import Correction, parse_correction, weight_statistics
 from trio_rl.backends.local.prefix_cache import common_prefix_length
+from trio_rl.base.reduced_metrics import add_reduced
 
 
 def as_array(value: object) -> np.ndarray:
@@ -344,11 +346,15 @@ def forward_backward_parts(
         config: the loss's clip thresholds.
 
     Returns:
-        Per datum ``logprobs`` and ``elementwise_loss``, and the metric ``loss:sum``.
+        Per datum ``logprobs`` and ``elementwise_loss``, the metric ``loss:sum``
+        and, for a loss with advantages, the importance weights' statistics
+        (:func:`.offpolicy.weight_statistics`).
     """
     logprobs: list[Tensor] = [torch.empty(0)] * len(inputs)
     losses: list[Tensor] = [torch.empty(0)] * len(inputs)
     total = 0.0
+    correction = parse_correction(config) if loss_fn == "importance_sampling" else Correction()
+    statistics: dict[str, float] = {}
     for part in parts:
         order = part.rows
         data = [inputs[i] for i in order]
@@ -360,4 +366,8 @@ def forward_backward_parts(
         total += float(loss.detach())
         for i, lp, x in zip(order, rows, per_datum, strict=True):
             logprobs[i], losses[i] = lp.detach(), x.detach()
-    return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total})
+            tensors = inputs[i].tensors
+            if "advantages" in tensors and "logprobs" in tensors:
+                # On the CPU, in float64: exact sums, and no float64 needed on the device (MPS has none).
+                add_reduced(statistics, weight_statistics(lp.detach().cpu(), tensors, correction))
+    return _tinker_compat.forward_backward_output(datum_outputs(logprobs, losses), {"loss:sum": total, **statistics})

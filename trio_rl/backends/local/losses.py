@@ -9,7 +9,10 @@ reports that sum.
 Definitions (``r = exp(logprobs - sampling_logprobs)``, ``A`` = advantages):
 
 * ``cross_entropy``: ``-logprobs * weights``
-* ``importance_sampling``: ``-r * A``
+* ``importance_sampling``: ``-r * A``, or with an off-policy correction chosen
+  by ``loss_fn_config`` (``tis_cap``, ``mis_cap``, ``icepop_low``/``icepop_high``,
+  ``geo_mask_low``/``geo_mask_high``) ``-c(r) * A`` with ``c(r)`` held constant
+  (see :mod:`.offpolicy`)
 * ``ppo``: ``-min(r * A, clip(r, low, high) * A)``
 * ``cispo``: ``-stop_gradient(clip(r, low, high)) * logprobs * A``
 * ``dro``: ``-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs)**2)``, with
@@ -28,6 +31,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from trio_rl.backends.local.offpolicy import CORRECTION_KEYS, corrected_importance_sampling, parse_correction
+
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
 
@@ -43,7 +48,7 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
 
 _CONFIG_KEYS: dict[str, frozenset[str]] = {
     "cross_entropy": frozenset(),
-    "importance_sampling": frozenset(),
+    "importance_sampling": CORRECTION_KEYS,
     "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "dro": frozenset({"beta"}),
@@ -69,7 +74,10 @@ def cross_entropy(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mappin
 
 
 def importance_sampling(logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]) -> Tensor:
-    """Per-token importance-weighted policy gradient loss ``-r * A``."""
+    """Per-token importance-weighted policy gradient loss ``-r * A``, or its correction (:mod:`.offpolicy`)."""
+    correction = parse_correction(config)
+    if correction.active:
+        return corrected_importance_sampling(logprobs, inputs, correction)
     ratio = torch.exp(logprobs - inputs["logprobs"])
     return _weighted(-ratio * inputs["advantages"], inputs)
 
@@ -106,6 +114,18 @@ LOSS_FUNCTIONS: dict[str, Callable[[Tensor, Mapping[str, Tensor], Mapping[str, f
 }
 
 
+def default_async_loss() -> tuple[str, dict[str, float]]:
+    """The in-process backends' loss for ``AsyncConfig.loss_fn=None``: ``importance_sampling`` with token TIS.
+
+    LocalBackend and HFBackend lack the Tinker service's
+    ``stable_reinforce``. Truncated importance sampling at ``tis_cap=2.0``
+    (SkyRL's default cap for token TIS) keeps the off-policy weighting of the
+    cookbook's ``importance_sampling`` while bounding what one token sampled by
+    much older weights can weigh (:mod:`.offpolicy`).
+    """
+    return "importance_sampling", {"tis_cap": 2.0}
+
+
 def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None, backend: str = "LocalBackend") -> None:
     """Reject an unsupported loss or a config key the loss does not read.
 
@@ -124,3 +144,5 @@ def check_loss_fn(loss_fn: str, config: Mapping[str, float] | None, backend: str
         raise ValueError("loss_fn='dro' needs loss_fn_config={'beta': ...} on LocalBackend")
     if config and loss_fn in ("ppo", "cispo"):
         _clip_bounds(config)
+    if config and loss_fn == "importance_sampling":
+        parse_correction(config)
