@@ -171,10 +171,16 @@ def test_labels_change_nothing_trained(tmp_path: Path) -> None:
     assert fields.native_config(labelled, resume=False) == fields.native_config(cookbook_config(tmp_path), resume=False)
 
 
+def test_the_logging_fields_map_onto_transcripts_trace_and_timeline(tmp_path: Path) -> None:
+    config = cookbook_config(tmp_path, num_groups_to_log=2, enable_trace=True, span_chart_every=3)
+    native = fields.native_config(config, resume=False)
+    assert (native.transcripts_every, native.transcript_groups) == (1, 2)
+    assert native.trace is True and native.timeline_every == 3
+    quiet = fields.native_config(cookbook_config(tmp_path, num_groups_to_log=0), resume=False)
+    assert (quiet.transcripts_every, quiet.trace, quiet.timeline_every) == (0, False, 0)
+
+
 REFUSED = {
-    "enable_trace": True,
-    "span_chart_every": 5,
-    "num_groups_to_log": 2,
     "wandb_project": "project",
     "ttl_seconds": 60,
     "rolling_ttl_seconds": 60,

@@ -58,6 +58,9 @@ CONVERTED = (
     "async_config",
     "stream_minibatch_config",
     "termination",
+    "num_groups_to_log",
+    "enable_trace",
+    "span_chart_every",
 )
 """Fields whose value becomes a trio_rl value of another type (or decides another field, as log_path does resume)."""
 
@@ -77,11 +80,6 @@ class Accepted:
 
 
 ONLY_AT = {
-    "enable_trace": Accepted((False,), "trio_rl writes no trace yet (the trace of 'See inside a run' is not merged)"),
-    "span_chart_every": Accepted((0,), "trio_rl draws no per-step Gantt chart yet"),
-    "num_groups_to_log": Accepted(
-        (4, 0), "trio_rl writes no logtree transcripts yet; only the default (4) and 0 (none) are accepted"
-    ),
     "rollout_json_export": Accepted((True, False), "never refused"),
     "wandb_project": Accepted((None,), "trio_rl's W&B sink is a command-line option (--log-to wandb), not a field"),
     "ttl_seconds": Accepted(
@@ -139,6 +137,11 @@ def native_config(config: Any, *, resume: bool) -> native.Config:
         async_config=_async(config.async_config),
         stream_minibatch_config=_stream(config.stream_minibatch_config),
         termination=termination_policy(effective_termination(config)),
+        # 0.6.1 logs num_groups_to_log groups of every iteration; 0 logs none.
+        transcripts_every=1 if config.num_groups_to_log > 0 else 0,
+        transcript_groups=max(config.num_groups_to_log, 0),
+        trace=bool(config.enable_trace),
+        timeline_every=config.span_chart_every,
     )
 
 
