@@ -6,6 +6,7 @@ import importlib
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from tests.conftest import read_jsonl
 from tests.integration.tiny_model import TinyModel
@@ -19,7 +20,8 @@ CHATML = (
 )
 
 
-def test_the_smollm2_example_runs_two_steps_on_a_tiny_chat_model(tmp_path: Path, tiny_model: TinyModel) -> None:
+def tiny_chat_example(tmp_path: Path, tiny_model: TinyModel, module: str) -> tuple[Path, ModuleType]:
+    """A copy of the tiny model with a chat template, as a SmolLM2 example loads one, and the example ``module``."""
     from transformers import AutoTokenizer
 
     model_dir = tmp_path / "models" / "tiny-chat"
@@ -29,11 +31,26 @@ def test_the_smollm2_example_runs_two_steps_on_a_tiny_chat_model(tmp_path: Path,
     tokenizer.save_pretrained(str(model_dir))
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
-    example = importlib.import_module("smollm2_addition")
+    return model_dir, importlib.import_module(module)
+
+
+def test_the_smollm2_example_runs_two_steps_on_a_tiny_chat_model(tmp_path: Path, tiny_model: TinyModel) -> None:
+    model_dir, example = tiny_chat_example(tmp_path, tiny_model, "smollm2_addition")
     log_path = tmp_path / "run"
     code = example.main(
-        ["--model", str(model_dir), "--log-path", str(log_path), "--max-steps", "2", "--eval-every", "1",
-         "--num-threads", "1", "--no-progress"],
+        [
+            "--model",
+            str(model_dir),
+            "--log-path",
+            str(log_path),
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "1",
+            "--num-threads",
+            "1",
+            "--no-progress",
+        ],
     )
     assert code == 0
     records = read_jsonl(log_path / "metrics.jsonl")
