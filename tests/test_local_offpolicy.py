@@ -10,6 +10,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.losses import check_loss_fn, importance_sampling
 from trio_rl.loop.step_metrics import offpolicy_metrics
@@ -30,7 +31,7 @@ def _inputs() -> dict[str, torch.Tensor]:
 def _grad(config: dict[str, float], lp_values: list[float] = LP) -> tuple[list[float], list[float]]:
     lp = torch.tensor(lp_values, dtype=torch.float64, requires_grad=True)
     loss = importance_sampling(lp, _inputs(), config)
-    loss.sum().backward()
+    loss.sum().backward()  # type: ignore[no-untyped-call]
     assert lp.grad is not None
     return loss.tolist(), lp.grad.tolist()
 
@@ -106,7 +107,11 @@ def test_a_correction_key_on_another_loss_is_refused() -> None:
 def _datum(tokens: list[int], sampler: list[float], advantages: list[float]) -> tinker_types.Datum:
     return tinker_types.Datum(
         model_input=tinker_types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": sampler, "advantages": advantages},
+        loss_fn_inputs={
+            "target_tokens": compat.tensor(tokens[1:], "int64"),
+            "logprobs": compat.tensor(sampler, "float32"),
+            "advantages": compat.tensor(advantages, "float32"),
+        },
     )
 
 

@@ -31,7 +31,7 @@ def test_the_reward_counts_right_letters_over_the_longer_of_count_and_answer() -
     env = repeat.RepeatEnv("b", 7, repeat.Renderer(LazyTokenizer(tokenizer)))
 
     def reward(tokens: list[int]) -> float:
-        return trio.run(env.step, tokens).reward
+        return float(trio.run(env.step, tokens).reward)
 
     eos = [tokenizer.eos_token_id]
     assert reward(tokenizer.encode("bbbbbbb") + eos) == 1.0
