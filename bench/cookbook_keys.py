@@ -77,7 +77,7 @@ async def trio_rl_keys(mode: str) -> set[str]:
         dataset = FakeDataset(3, 2, tags=lambda b, g: ("problems",))
         evaluator = RLTestSetEvaluator(FakeDataset(1, 2, tags=lambda b, g: ("problems",)), max_tokens=8)
         async with FakeBackend() as backend:
-            await train(config, dataset=dataset, backend=backend, evaluators=(evaluator,))  # type: ignore[arg-type]
+            await train(config, dataset=dataset, backend=backend, evaluators=(evaluator,))  # type: ignore[arg-type, unused-ignore]  # needed or not by the environment
         keys: set[str] = set()
         for line in (Path(folder) / "metrics.jsonl").read_text().splitlines():
             keys |= set(json.loads(line))
