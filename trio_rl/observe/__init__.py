@@ -5,7 +5,7 @@ See the guide page "Seeing inside a run" (``docs/guides/seeing-inside.md``).
 
 from .observer import ObserveSettings, RunObserver, StepSeen
 from .spans import Activity, SpanRecord, Watch, activity, current_watch, on_free_lane, on_track, span, watching
-from .stall import StallSnapshot, StallWatch, format_stall_report
+from .stall import ActivitySeen, StallSnapshot, StallWatch, format_stall_report
 from .task_tree import format_task_tree
 from .timeline import timeline_html, write_timeline
 from .timing import StepWindow, timing_metrics
@@ -14,6 +14,7 @@ from .transcripts import GroupTranscript, TranscriptWriter, datum_json, iteratio
 
 __all__ = [
     "Activity",
+    "ActivitySeen",
     "GroupTranscript",
     "ObserveSettings",
     "RunObserver",

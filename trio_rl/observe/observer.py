@@ -18,12 +18,13 @@ import trio
 
 from .evaluations import EvaluationTranscripts
 from .spans import SpanRecord, Watch
-from .stall import StallSnapshot, StallWatch
+from .stall import ActivitySeen, StallSnapshot, StallWatch
 from .task_tree import format_task_tree
 from .timeline import write_timeline
 from .timing import StepWindow, timing_metrics
 from .trace import TraceFile
 from .transcripts import Decode, GroupTranscript, TranscriptWriter, iteration_dir, token_ids
+from .waits import waits_by_activity
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,15 @@ class RunObserver:
 
     def _snapshot(self, last_progress: float) -> StallSnapshot:
         last_step, outstanding, statistics = self._parts()
+        waits = waits_by_activity()
         return StallSnapshot(
             now=trio.current_time(),
             last_progress=last_progress,
             last_step=last_step,
-            activities=list(self.watch.activities.values()),
+            activities=[
+                ActivitySeen(a.what, a.started, a.attempt, dict(waits.get(key, {})))
+                for key, a in self.watch.activities.items()
+            ],
             outstanding=list(outstanding),
             statistics=dict(statistics),
             task_tree=format_task_tree(),

@@ -1,15 +1,14 @@
 """Spans: the one hook the stages call around each thing worth timing or waiting on.
 
-A stage writes ``with span("sample"):`` around a sampler call. What that costs
-depends on what the run watches:
+A stage writes ``with span("wait_for_weights"):`` around a wait. What that
+costs depends on what the run records:
 
-- nothing watched (outside :func:`trio_rl.train`, or a bare script): one
-  context-variable read, and a shared do-nothing context manager;
-- the stall report only (the default): the span is counted on the current
-  :class:`Activity` (a group being rolled out, the trainer, the dataloader), so
-  that a report can say what each is waiting on;
-- a trace: the span's start and end (Trio's clock, so virtual time in tests)
-  are recorded as well, on the current track.
+- no trace and no timelines (the default): one context-variable read, and a
+  shared do-nothing context manager. The stall report still names the open
+  spans, which it reads from the waiting tasks' frames
+  (:mod:`trio_rl.observe.waits`);
+- a trace or timelines: the span's start and end (Trio's clock, so virtual
+  time in tests) are recorded on the current track.
 
 Tracks are named, not numbered by task: a rollout worker's group, and each env
 rollout of it, get tracks of their own (:func:`on_track`), so spans on one track
@@ -21,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -46,26 +45,12 @@ class SpanRecord:
     args: dict[str, Any]
 
 
-class _Count:
-    """How many spans of one name are open on one activity; reused by every such span (nothing is allocated)."""
-
-    __slots__ = ("open",)
-
-    def __init__(self) -> None:
-        self.open = 0
-
-    def __enter__(self) -> None:
-        self.open += 1
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.open -= 1
-
-
-@dataclass
 class Activity:
     """Something a stall report names: a group being rolled out, the trainer, the dataloader.
+
+    What it waits on is not counted as it runs (that would cost every span, in
+    every run): the report reads it from the frames of the tasks that belong
+    to it (:mod:`trio_rl.observe.waits`).
 
     Attributes:
         what: how the report names it (``group 3/1`` or ``trainer``).
@@ -73,27 +58,13 @@ class Activity:
         attempt: the group's attempt (0 unless it was sampled again).
     """
 
-    what: str
-    started: float
-    attempt: int = 0
-    _counts: dict[str, _Count] = field(default_factory=dict[str, _Count], repr=False)
+    __slots__ = ("attempt", "started", "what")
 
-    def count(self, name: str) -> _Count:
-        """The counter of ``name`` spans open on this activity, which a span enters and exits."""
-        counter = self._counts.get(name)
-        if counter is None:
-            counter = self._counts[name] = _Count()
-        return counter
+    def __init__(self, what: str, started: float, attempt: int = 0) -> None:
+        self.what, self.started, self.attempt = what, started, attempt
 
-    @property
-    def waiting(self) -> dict[str, int]:
-        """The spans open on it now, by name, and how many of each."""
-        return {name: c.open for name, c in self._counts.items() if c.open > 0}
-
-    def waits(self) -> str:
-        """What it waits on, innermost names as counted (``2 x sample, 1 x env_step``), or ``nothing timed``."""
-        open_ = [f"{n} x {name}" for name, n in self.waiting.items()]
-        return ", ".join(open_) if open_ else "nothing timed (between spans)"
+    def __repr__(self) -> str:
+        return f"Activity({self.what!r}, started={self.started}, attempt={self.attempt})"
 
 
 class Watch:
@@ -142,24 +113,18 @@ _track: ContextVar[str] = ContextVar("trio_rl_track", default="run")
 
 
 class _Span:
-    __slots__ = ("_args", "_count", "_name", "_on_span", "_start")
+    __slots__ = ("_args", "_name", "_on_span", "_start")
 
-    def __init__(
-        self, name: str, count: _Count | None, on_span: Callable[[SpanRecord], None], args: dict[str, Any]
-    ) -> None:
-        self._name, self._count, self._on_span, self._args = name, count, on_span, args
+    def __init__(self, name: str, on_span: Callable[[SpanRecord], None], args: dict[str, Any]) -> None:
+        self._name, self._on_span, self._args = name, on_span, args
         self._start = 0.0
 
     def __enter__(self) -> None:
-        if self._count is not None:
-            self._count.open += 1
         self._start = trio.current_time()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._count is not None:
-            self._count.open -= 1
         # Closed on the way out of a crash or a cancellation too: a trace has no open span.
         self._on_span(SpanRecord(self._name, _track.get(), self._start, trio.current_time(), self._args))
 
@@ -168,24 +133,34 @@ _NOTHING = contextlib.nullcontext()
 
 
 def span(name: str, **args: Any) -> contextlib.AbstractContextManager[None]:
-    """Time ``name`` and count it as what the current activity waits on, as far as the run watches.
+    """Time ``name`` as far as the run records spans; a stall report names it as what its task waits on.
+
+    Where nothing is recorded this is one context-variable read and a shared
+    do-nothing context manager: the stall report finds the open spans in the
+    waiting tasks' frames (:mod:`trio_rl.observe.waits`), so a span need not
+    announce itself. Per-rollout calls (each sample and env step) are not
+    spans in the code at all: :mod:`trio_rl.observe.timed_calls` wraps them
+    only when spans are recorded.
 
     Args:
         name: the span's name; where tinker-cookbook 0.6.1 times the same thing,
             its scope's name (``sample``, ``forward_backward``, ``train_step``...).
+            Give it as a string literal: the stall report reads it from the source.
         args: details recorded with it in a trace.
 
     Returns:
-        A context manager; a shared one that does nothing when nothing is watched.
+        A context manager; a shared one that does nothing unless spans are recorded.
     """
     watch = _watch.get()
-    if watch is None:
+    if watch is None or watch.on_span is None:
         return _NOTHING
-    act = _activity.get()
-    if watch.on_span is None:
-        # No trace: only the stall report's count, on a counter the activity reuses.
-        return _NOTHING if act is None else act.count(name)
-    return _Span(name, None if act is None else act.count(name), watch.on_span, args)
+    return _Span(name, watch.on_span, args)
+
+
+def recording_spans() -> bool:
+    """Whether the current run records spans (a trace or timelines): only then are per-call spans worth making."""
+    watch = _watch.get()
+    return watch is not None and watch.on_span is not None
 
 
 @contextlib.contextmanager
@@ -234,6 +209,11 @@ def on_free_lane(kind: str) -> contextlib.AbstractContextManager[None]:
     if watch is None or watch.on_span is None:
         return _NOTHING
     return _Lane(watch.lanes, kind)
+
+
+def activity_of_task(task: trio.lowlevel.Task) -> Activity | None:
+    """The activity ``task`` belongs to now: the one open in its context (what it inherited, or opened itself)."""
+    return task.context.get(_activity)
 
 
 def current_track() -> str:

@@ -7,7 +7,8 @@ every ``stall_warning_s`` for as long as the run stays stuck (tinker-cookbook PR
 ``SIGUSR1``. It names:
 
 - every group being rolled out, with its age, attempt and what it is waiting on
-  (the open spans of its rollouts: ``sample``, ``env_step``, ``compute_group_rewards``...);
+  (the spans its tasks are suspended inside: ``sample``, ``env_step``,
+  ``compute_group_rewards``..., read from their frames by :mod:`trio_rl.observe.waits`);
 - what the trainer and the dataloader are waiting on;
 - the statistics of the run's own primitives (weights, admission gate, ledger);
 - the Trio task tree, with where each task is suspended.
@@ -17,17 +18,37 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-
-from .spans import Activity
 
 logger = logging.getLogger("trio_rl.observe")
 
 STAGES = ("trainer", "dataloader", "evaluator")
 """Activities that are stages of the run rather than groups."""
+
+
+@dataclass(frozen=True)
+class ActivitySeen:
+    """One activity as a report sees it: a group being rolled out, or a stage.
+
+    Attributes:
+        what: how the report names it (``group 3/1`` or ``trainer``).
+        started: when it began (Trio's clock).
+        attempt: the group's attempt (0 unless it was sampled again).
+        waiting: the spans its tasks are suspended inside, by name, and how many tasks wait in each.
+    """
+
+    what: str
+    started: float
+    attempt: int = 0
+    waiting: Mapping[str, int] = field(default_factory=dict[str, int])
+
+    def waits(self) -> str:
+        """What it waits on (``2 x sample, 1 x env_step``), or that no task of it waits inside a span."""
+        open_ = [f"{n} x {name}" for name, n in self.waiting.items()]
+        return ", ".join(open_) if open_ else "nothing timed (between spans)"
 
 
 @dataclass(frozen=True)
@@ -47,7 +68,7 @@ class StallSnapshot:
     now: float
     last_progress: float
     last_step: int
-    activities: Sequence[Activity]
+    activities: Sequence[ActivitySeen]
     outstanding: Sequence[str]
     statistics: Mapping[str, Any]
     task_tree: str

@@ -29,7 +29,7 @@ import functools
 import inspect
 import itertools
 import math
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,7 +43,8 @@ from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient, token_versions
 from ..base.determinism import derive_seed, settle
 from ..errors import EmptyGroupError, GroupFailedError
-from ..observe.spans import on_free_lane, span
+from ..observe.spans import on_free_lane, recording_spans, span
+from ..observe.timed_calls import TimedPolicy, TimedUserCalls, UserCalls
 from ..types import (
     ActionExtra,
     Env,
@@ -163,58 +164,67 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     :attr:`Trajectory.stop_reason`.
     """
     into: list[Trajectory | None] = [None]
-    await _roll_out_into(into, 0, policy, env)
+    await _rollout_task()(into, 0, policy, env)
     trajectory = into[0]
     assert trajectory is not None
     return trajectory
 
 
-async def _roll_out_into(into: list[Trajectory | None], index: int, policy: TokenPolicy, env: Env) -> None:
-    """:func:`do_single_rollout`, leaving the trajectory at ``into[index]``.
+def _rollout_task() -> Callable[[list[Trajectory | None], int, TokenPolicy, Env], Awaitable[None]]:
+    """:func:`_roll_out_into`, timed where the run records spans; chosen once per group, not per call."""
+    return _timed_roll_out_into if recording_spans() else _roll_out_into
+
+
+async def _timed_roll_out_into(into: list[Trajectory | None], index: int, policy: TokenPolicy, env: Env) -> None:
+    """:func:`_roll_out_into` as a ``rollout`` span, its samples and env calls spans inside it."""
+    # A lane of its own in a trace: the group's rollouts run at once, each on one.
+    with on_free_lane("rollout"), span("rollout"):
+        await _roll_out_into(into, index, TimedPolicy(policy), env, TimedUserCalls(current_runner()))
+
+
+async def _roll_out_into(
+    into: list[Trajectory | None], index: int, policy: TokenPolicy, env: Env, runner: UserCalls | None = None
+) -> None:
+    """:func:`do_single_rollout`, leaving the trajectory at ``into[index]``; env calls go through ``runner``.
 
     So a group's rollouts can be tasks of their own: a wrapper that stored what
     ``do_single_rollout`` returns would be one more frame for every rollout,
     held all the while it waits on the sampler.
     """
-    # A lane of its own in a trace: the group's rollouts run at once, each on one.
-    with on_free_lane("rollout"), span("rollout"):
-        runner = current_runner()
-        with span("env_initial_observation"):
-            initial = await runner.call(env.initial_observation)
-        # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
-        if not isinstance(initial, tuple):
-            if not hasattr(initial, "reward"):
-                raise TypeError(
-                    f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
-                    "expected (observation, stop_condition) or InitialObservationOverflow"
-                )
-            into[index] = _overflow_trajectory(initial)
-            return
-        ob, stop = initial
-        takes_extra = _step_takes_extra(type(env).step)
-        step = runner.bind(env.step)
-        transitions: list[Transition] = []
-        while True:
-            with span("sample"):
-                action = await policy(ob, stop)
-            with span("env_step"):
-                if takes_extra:
-                    result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))
-                else:
-                    result = await step(action.tokens)
-            # Results are read by field name: a cookbook env returns the cookbook's StepResult.
-            transition = Transition(
-                ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {})
+    runner = runner if runner is not None else current_runner()
+    initial = await runner.call(env.initial_observation)  # waits on: env_initial_observation
+    # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
+    if not isinstance(initial, tuple):
+        if not hasattr(initial, "reward"):
+            raise TypeError(
+                f"{type(env).__name__}.initial_observation returned {type(initial).__name__}; "
+                "expected (observation, stop_condition) or InitialObservationOverflow"
             )
-            transitions.append(transition)
-            if result.episode_done:
-                into[index] = Trajectory(
-                    transitions=transitions,
-                    final_ob=result.next_observation,
-                    stop_reason=stop_reason_from_metrics(transition.metrics),
-                )
-                return
-            ob, stop = result.next_observation, result.next_stop_condition
+        into[index] = _overflow_trajectory(initial)
+        return
+    ob, stop = initial
+    takes_extra = _step_takes_extra(type(env).step)
+    step = runner.bind(env.step)
+    transitions: list[Transition] = []
+    while True:
+        action = await policy(ob, stop)  # waits on: sample
+        if takes_extra:
+            result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))  # waits on: env_step
+        else:
+            result = await step(action.tokens)  # waits on: env_step
+        # Results are read by field name: a cookbook env returns the cookbook's StepResult.
+        transition = Transition(
+            ob, action, result.reward, result.episode_done, result.metrics, getattr(result, "logs", {})
+        )
+        transitions.append(transition)
+        if result.episode_done:
+            into[index] = Trajectory(
+                transitions=transitions,
+                final_ob=result.next_observation,
+                stop_reason=stop_reason_from_metrics(transition.metrics),
+            )
+            return
+        ob, stop = result.next_observation, result.next_stop_condition
 
 
 @dataclass(frozen=True)
@@ -250,12 +260,13 @@ class FailFast:
 
     async def run(self, builder: EnvGroupBuilder, envs: Sequence[Env], policy_for: PolicyFactory) -> GroupRollout:
         trajectories: list[Trajectory | None] = [None] * len(envs)
+        roll_out = _rollout_task()
         async with trio.open_nursery() as nursery:
             for index in range(1, len(envs)):
-                nursery.start_soon(_roll_out_into, trajectories, index, policy_for(index, 0), envs[index])
+                nursery.start_soon(roll_out, trajectories, index, policy_for(index, 0), envs[index])
             if envs:
                 # The first rollout runs in this task, which would otherwise only wait for it.
-                await _roll_out_into(trajectories, 0, policy_for(0, 0), envs[0])
+                await roll_out(trajectories, 0, policy_for(0, 0), envs[0])
         return GroupRollout(trajectories=[t for t in trajectories if t is not None], envs=list(envs))
 
 
