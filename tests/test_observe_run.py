@@ -13,7 +13,7 @@ import trio
 from tests.conftest import read_jsonl
 from tests.observe_helpers import complete_spans, thread_names
 from tests.pipeline_helpers import RUN_DEADLINE_S, make_config, run_fake
-from trio_rl import RLTestSetEvaluator, train
+from trio_rl import KLReferenceConfig, RLTestSetEvaluator, train
 from trio_rl.observe import datum_json, read_trace
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
@@ -43,12 +43,19 @@ def _trained_in_transcripts(log_path: Path) -> list[dict[str, Any]]:
     return data
 
 
-@pytest.mark.parametrize("mode", ["sync", "oldest_first"])
+@pytest.mark.parametrize(
+    ("mode", "kl"),
+    [("sync", {}), ("oldest_first", {}), ("sync", {"kl_penalty_coef": 0.5})],
+    ids=["sync", "oldest_first", "sync-kl-penalty"],
+)
 async def test_transcripts_hold_exactly_the_datums_the_backend_trained(
-    tmp_path: Path, mode: str, autojump_clock: object
+    tmp_path: Path, mode: str, kl: dict[str, float], autojump_clock: object
 ) -> None:
+    # With a KL penalty the trainer changes the advantages after the worker captured the
+    # group: the transcript must still hold what was trained.
     backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
-    config = make_config(tmp_path, mode, transcripts_every=1, transcript_groups=100)
+    reference = {"kl_reference_config": KLReferenceConfig("trio-rl-tiny")} if kl else {}
+    config = make_config(tmp_path, mode, transcripts_every=1, transcript_groups=100, **kl, **reference)
     result = await run_fake(config, FakeDataset(3, 4, FakeEnvSpec(group_size=2, turns=2)), backend)
     assert result.final_step == 3
     key = lambda d: json.dumps(d, sort_keys=True)  # noqa: E731

@@ -167,6 +167,7 @@ class StepRunner:
             # One forward_backward's data is the cookbook's batch for the average.
             penalty = incorporate_kl_penalty(data, diffs, *self._kl)
             data = penalty.data
+            _transcribe_trained(kept, data)
             current.kl_diff_sum += penalty.diff_sum
             current.kl_tokens += penalty.tokens
         if data:
@@ -195,3 +196,12 @@ class StepRunner:
         now = time.perf_counter()
         current.train_seconds = now - (now if current.started is None else current.started)
         return current
+
+
+def _transcribe_trained(kept: list[FinishedGroup], data: list[tinker_types.Datum]) -> None:
+    """Give the transcripts of ``kept`` the Datums as trained (``data``, in ``kept``'s order)."""
+    offset = 0
+    for group in kept:
+        if group.transcript is not None:
+            group.transcript = group.transcript.with_trained_data(data[offset : offset + len(group.data)])
+        offset += len(group.data)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,18 @@ class GroupTranscript:
             )
         ]
         return cls(batch, index, attempt, version, list(tags), trajectories)
+
+    def with_trained_data(self, data: Sequence[tinker_types.Datum]) -> GroupTranscript:
+        """This transcript with its Datums replaced by ``data`` (the same number, in order), as changed at the trainer.
+
+        The KL penalty is added to the advantages when a step submits its data, after the
+        worker captured the group: the transcript records what was trained.
+        """
+        flat = iter(data)
+        trajectories = [replace(t, data=[datum_json(next(flat)) for _ in t.data]) for t in self.trajectories]
+        if next(flat, None) is not None:
+            raise ValueError("more Datums than the transcript holds")
+        return replace(self, trajectories=trajectories)
 
 
 def datum_json(datum: tinker_types.Datum) -> dict[str, Any]:
