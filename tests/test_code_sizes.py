@@ -16,6 +16,7 @@ import ast
 import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeGuard
 
 import trio_rl
 
@@ -46,13 +47,17 @@ def _span(node: ast.stmt) -> int:
     return node.end_lineno - node.lineno + 1
 
 
+def _is_string(node: ast.stmt | None) -> TypeGuard[ast.Expr]:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
 def _field_lines(node: ast.ClassDef) -> int:
     """Lines of the class's field declarations, each with the docstring that follows it."""
     lines = 0
     for statement, after in zip(node.body, [*node.body[1:], None], strict=True):
         if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
             lines += _span(statement)
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            if _is_string(after):
                 lines += _span(after)
     return lines
 
