@@ -40,6 +40,7 @@ from tinker import types as tinker_types
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from tests.integration.tiny_model import build_tiny_model
+from trio_rl import _tinker_compat as compat
 from trio_rl.backends.hf import SMOLLM2, HFBackend, HFModelSettings, HFSamplingClient, HFTrainingClient
 
 CONCURRENCY = (1, 8, 64)
@@ -99,7 +100,7 @@ def _generate(model: Any, prompts: list[list[int]], pad_id: int, device: torch.d
             input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, top_k=0,
             max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, pad_token_id=pad_id, eos_token_id=None,
         )
-    return (out.shape[1] - width) * len(prompts)
+    return int(out.shape[1] - width) * len(prompts)
 
 
 def _one_at_a_time(model: Any, prompts: list[list[int]], pad_id: int, device: torch.device) -> float:
@@ -121,7 +122,11 @@ async def _train_tokens_per_s(trainer: HFTrainingClient, vocab: int) -> float:
         seq = [rng.randrange(10, vocab) for _ in range(TRAIN_LEN + 1)]
         data.append(tinker_types.Datum(
             model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-            loss_fn_inputs={"target_tokens": seq[1:], "logprobs": [-5.0] * TRAIN_LEN, "advantages": [0.5] * TRAIN_LEN},
+            loss_fn_inputs={
+                "target_tokens": compat.tensor(seq[1:], "int64"),
+                "logprobs": compat.tensor([-5.0] * TRAIN_LEN, "float32"),
+                "advantages": compat.tensor([0.5] * TRAIN_LEN, "float32"),
+            },
         ))
     adam = tinker_types.AdamParams(learning_rate=1e-5)
     start = time.perf_counter()

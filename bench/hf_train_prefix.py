@@ -27,6 +27,8 @@ from typing import Any
 import trio
 from tinker import types as tinker_types
 
+from trio_rl import _tinker_compat as compat
+
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (ROOT, ROOT / "examples"):
     if str(_path) not in sys.path:
@@ -57,9 +59,9 @@ def batch(tokenizer: Any, seed: int) -> list[tinker_types.Datum]:
                 tinker_types.Datum(
                     model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
                     loss_fn_inputs={
-                        "target_tokens": seq[1:],
-                        "logprobs": [0.0] * asked + [-0.5] * (n - asked),
-                        "advantages": [0.0] * asked + [reward - mean + 0.1] * (n - asked),
+                        "target_tokens": compat.tensor(seq[1:], "int64"),
+                        "logprobs": compat.tensor([0.0] * asked + [-0.5] * (n - asked), "float32"),
+                        "advantages": compat.tensor([0.0] * asked + [reward - mean + 0.1] * (n - asked), "float32"),
                     },
                 )
             )

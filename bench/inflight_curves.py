@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, stdev
 
@@ -40,19 +41,30 @@ def _running_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _run(folder: Path) -> dict[str, list[float] | list[int] | float]:
+@dataclass(frozen=True)
+class _Run:
+    steps: list[int]
+    rewards: list[float]
+    eval_steps: list[int]
+    accuracy: list[float]
+    final: float
+    last3: float
+    reward: float
+
+
+def _run(folder: Path) -> _Run:
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps, rewards = series(records, "env/all/reward/total")
     eval_steps, accuracy = series(records, "eval/accuracy")
-    return {
-        "steps": steps,
-        "rewards": rewards,
-        "eval_steps": eval_steps,
-        "accuracy": accuracy,
-        "final": accuracy[-1],
-        "last3": mean(accuracy[-3:]),
-        "reward": mean(rewards[-LAST_REWARDS:]),
-    }
+    return _Run(
+        steps=steps,
+        rewards=rewards,
+        eval_steps=eval_steps,
+        accuracy=accuracy,
+        final=accuracy[-1],
+        last3=mean(accuracy[-3:]),
+        reward=mean(rewards[-LAST_REWARDS:]),
+    )
 
 
 def _mean_and_error(values: list[float]) -> str:
@@ -75,24 +87,24 @@ def main() -> None:
         runs = [_run(f) for f in folders]
         for folder, run in zip(folders, runs, strict=True):
             print(
-                f"{label} {folder.name}: final eval/accuracy {run['final']:.3f}, "
-                f"mean of the last 3 evals {run['last3']:.3f}, mean reward of the last {LAST_REWARDS} steps "
-                f"{run['reward']:.3f}"
+                f"{label} {folder.name}: final eval/accuracy {run.final:.3f}, "
+                f"mean of the last 3 evals {run.last3:.3f}, mean reward of the last {LAST_REWARDS} steps "
+                f"{run.reward:.3f}"
             )
-        finals = [float(r["final"]) for r in runs]  # type: ignore[arg-type]
-        last3 = [float(r["last3"]) for r in runs]  # type: ignore[arg-type]
-        rewards = [float(r["reward"]) for r in runs]  # type: ignore[arg-type]
+        finals = [r.final for r in runs]
+        last3 = [r.last3 for r in runs]
+        rewards = [r.reward for r in runs]
         print(
             f"{label}, {len(runs)} seeds (mean ± standard error): final {_mean_and_error(finals)}, "
             f"last 3 evals {_mean_and_error(last3)}, last {LAST_REWARDS} rewards {_mean_and_error(rewards)}\n"
         )
         color, style = f"C{i}", ("--" if i else "-")
-        steps = min((r["steps"] for r in runs), key=len)
-        per_step = [_running_mean(list(r["rewards"]), SMOOTH)[: len(steps)] for r in runs]  # type: ignore[arg-type]
+        steps = min((r.steps for r in runs), key=len)
+        per_step = [_running_mean(r.rewards, SMOOTH)[: len(steps)] for r in runs]
         reward_ax.plot(steps, [mean(col) for col in zip(*per_step, strict=True)], style, color=color, linewidth=1.2,
                        label=f"{label} ({len(runs)} seeds)")  # fmt: skip
-        eval_steps = min((r["eval_steps"] for r in runs), key=len)
-        acc = [list(r["accuracy"])[: len(eval_steps)] for r in runs]  # type: ignore[arg-type]
+        eval_steps = min((r.eval_steps for r in runs), key=len)
+        acc = [r.accuracy[: len(eval_steps)] for r in runs]
         cols = list(zip(*acc, strict=True))
         eval_ax.plot(eval_steps, [mean(c) for c in cols], style, color=color, marker="o", markersize=3, linewidth=1.2)
         eval_ax.fill_between(eval_steps, [min(c) for c in cols], [max(c) for c in cols], color=color, alpha=0.12)

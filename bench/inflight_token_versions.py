@@ -17,7 +17,8 @@ import collections
 import runpy
 import sys
 from pathlib import Path
-from typing import Any
+
+from tinker import types as tinker_types
 
 from trio_rl.backends.local.sampler import LocalSamplingClient
 from trio_rl.backends.protocol import token_versions
@@ -26,8 +27,13 @@ counts: collections.Counter[str] = collections.Counter()
 _sample = LocalSamplingClient.sample
 
 
-async def _counted(self: LocalSamplingClient, prompt: Any, num_samples: int, params: Any) -> Any:
-    response = await _sample(self, prompt, num_samples, params)
+async def _counted(
+    self: LocalSamplingClient,
+    prompt: tinker_types.ModelInput,
+    num_samples: int,
+    sampling_params: tinker_types.SamplingParams,
+) -> tinker_types.SampleResponse:
+    response = await _sample(self, prompt, num_samples, sampling_params)
     if self._engine.inflight and self.model_path is not None:
         client_version = int(Path(self.model_path).name)
         for sequence in response.sequences:

@@ -36,8 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pipeline as bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.x, as in bench/longtail.py
+from bench import pipeline as bench
 
 RUN_CELL = """
 import sys, tempfile
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="with Config.trace on (the trace file and time/* metrics)")
     args = parser.parse_args()
     mode = "sync" if args.mode == "sync" else f"async K=1 {args.mode}"
-    extra = {"trace": True} if args.trace else {}
+    extra: dict[str, object] = {"trace": True} if args.trace else {}
     small, large = instructions(args.small, mode, extra), instructions(args.large, mode, extra)
     groups = (args.large - args.small) * bench.GROUPS_PER_STEP
     label = f"{args.mode}{', trace on' if args.trace else ''}"

@@ -51,8 +51,10 @@ import trio.testing
 from trio_rl import AsyncConfig, Config, train
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec, FakeSamplerModel, FakeSequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import longtail_workload as workload
+# Run as a script, this file puts the repository root on the path, so its neighbours import as bench.x,
+# the one name the tests and the type checker give them too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import longtail_workload as workload
 
 KS = (1, 2, 4, 8)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pipeline as bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.x, as in bench/longtail.py
+from bench import pipeline as bench
 
 CATEGORIES = [
     ("trio", ("/trio/", "/outcome/", "sortedcontainers", "/attr/")),

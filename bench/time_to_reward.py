@@ -284,7 +284,7 @@ def _plot(lines: list[dict[str, Any]], modes: list[str], path: Path) -> None:
         runs = [r for r in lines if r["mode"] == mode]
         # Each run's curve holds its last evaluation until the next; past its end it is left out.
         curves = [[_held(r["eval_times"], r["eval_reward"], t) for t in grid] for r in runs]
-        points = [(t, [c[i] for c in curves if c[i] is not None]) for i, t in enumerate(grid)]
+        points = [(t, [v for c in curves if (v := c[i]) is not None]) for i, t in enumerate(grid)]
         points = [(t, v) for t, v in points if len(v) == len(runs)]
         xs = [t for t, _ in points]
         ys = [mean(v) for _, v in points]

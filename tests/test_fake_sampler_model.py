@@ -32,6 +32,14 @@ async def sampler(backend: FakeBackend) -> FakeSamplingClient:
     return await backend.create_sampling_client(base_model="fake")
 
 
+async def first_token_sampler(*, slots: int, token_latency: float) -> tuple[FakeBackend, FakeSamplingClient]:
+    """A backend whose prompts ask for lengths by :func:`length_from_first_token`, and a sampling client of it."""
+    backend = FakeBackend(
+        sampler=FakeSamplerModel(slots=slots, token_latency=token_latency, response_length=length_from_first_token)
+    )
+    return backend, await sampler(backend)
+
+
 async def sample_at(
     client: FakeSamplingClient,
     at: float,
@@ -57,8 +65,7 @@ def by_prompt(sequences: list[FakeSequence]) -> dict[tuple[int, ...], FakeSequen
 
 
 async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=2, token_latency=1.0, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=2, token_latency=1.0)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -71,8 +78,7 @@ async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.tes
 
 
 async def test_waiting_sequences_start_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=1, token_latency=1.0)
     done: dict[tuple[int, ...], float] = {}
     arrivals = {(10, 0): 0.0, (1, 1): 3.0, (2, 2): 1.0, (1, 3): 2.0, (1, 4): 2.0}
     with trio.fail_after(DEADLINE_S):
@@ -96,8 +102,7 @@ async def test_waiting_sequences_start_in_arrival_order(autojump_clock: trio.tes
 async def test_a_free_slot_goes_to_the_first_prompt_of_its_instant_not_the_first_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=1, token_latency=1.0)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -111,8 +116,7 @@ async def test_a_free_slot_goes_to_the_first_prompt_of_its_instant_not_the_first
 async def test_every_sequence_is_recorded_with_its_length_and_token_times(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=4, token_latency=0.5, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=4, token_latency=0.5)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
         response = await sample_at(client, 1.0, [5, 9], done, num_samples=3, max_tokens=6)
@@ -133,8 +137,7 @@ async def test_every_sequence_is_recorded_with_its_length_and_token_times(
 async def test_a_zero_length_sequence_waits_its_turn_and_holds_no_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=1, token_latency=1.0)
     done: dict[tuple[int, ...], float] = {}
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
@@ -152,8 +155,7 @@ async def test_a_zero_length_sequence_waits_its_turn_and_holds_no_time(
 async def test_a_cancelled_sequence_frees_its_slot_and_a_cancelled_waiter_takes_none(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sampler=FakeSamplerModel(slots=1, token_latency=1.0, response_length=length_from_first_token))
-    client = await sampler(backend)
+    backend, client = await first_token_sampler(slots=1, token_latency=1.0)
     done: dict[tuple[int, ...], float] = {}
 
     async def cancelled_at(at: float, prompt: list[int]) -> None:

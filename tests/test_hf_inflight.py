@@ -54,6 +54,23 @@ async def _span_a_publish(be: Any, model: TinyModel) -> tuple[list[tuple[list[in
     )
 
 
+async def _scored_across_a_publish(be: Any, model: TinyModel) -> list[tuple[list[float], list[float], list[float]]]:
+    """Each sequence of :func:`_span_a_publish`'s logprobs, and those of fresh passes of the old and new weights.
+
+    Checks what holds with and without KV recomputation: each token's version, and
+    that the tokens before the publish have the old weights' logprobs.
+    """
+    sequences, v0, v1 = await _span_a_publish(be, model)
+    scored = []
+    for prompt, seq in sequences:
+        assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (8 - PUBLISH_AFTER)
+        logprobs = list(seq.logprobs or [])
+        old = await fresh_logprobs(v0, prompt, list(seq.tokens))
+        assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-4)
+        scored.append((logprobs, old, await fresh_logprobs(v1, prompt, list(seq.tokens))))
+    return scored
+
+
 def test_hf_backend_offers_inflight_weights(tmp_path: Path) -> None:
     be = backend(tmp_path)
     be.check_inflight_weights()
@@ -67,13 +84,7 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions_and_keeps_its
     kept_differs = False
     with trio.fail_after(120):
         async with backend(tmp_path) as be:
-            sequences, v0, v1 = await _span_a_publish(be, peaked_tiny_model)
-            for prompt, seq in sequences:
-                assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (8 - PUBLISH_AFTER)
-                logprobs = list(seq.logprobs or [])
-                old = await fresh_logprobs(v0, prompt, list(seq.tokens))
-                new = await fresh_logprobs(v1, prompt, list(seq.tokens))
-                assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-4)
+            for logprobs, _old, new in await _scored_across_a_publish(be, peaked_tiny_model):
                 kept_differs |= any(abs(logprobs[i] - new[i]) > 1e-2 for i in range(PUBLISH_AFTER, 8))
     # The new weights read keys and values computed by the old ones: not a fresh pass of the new weights.
     assert kept_differs
@@ -85,14 +96,9 @@ async def test_with_kv_recomputation_each_logprob_is_a_fresh_pass_of_the_weights
 ) -> None:
     with trio.fail_after(120):
         async with backend(tmp_path, engine=EngineSettings(inflight_recompute_kv=True)) as be:
-            sequences, v0, v1 = await _span_a_publish(be, peaked_tiny_model)
-            assert len(sequences) == 3
-            for prompt, seq in sequences:
-                assert token_versions(seq) == [0] * PUBLISH_AFTER + [1] * (8 - PUBLISH_AFTER)
-                logprobs = list(seq.logprobs or [])
-                old = await fresh_logprobs(v0, prompt, list(seq.tokens))
-                new = await fresh_logprobs(v1, prompt, list(seq.tokens))
-                assert logprobs[:PUBLISH_AFTER] == pytest.approx(old[:PUBLISH_AFTER], abs=1e-4)
+            scored = await _scored_across_a_publish(be, peaked_tiny_model)
+            assert len(scored) == 3
+            for logprobs, old, new in scored:
                 assert logprobs[PUBLISH_AFTER:] == pytest.approx(new[PUBLISH_AFTER:], abs=1e-4)
                 assert any(abs(a - b) > 1e-2 for a, b in zip(old[PUBLISH_AFTER:], new[PUBLISH_AFTER:], strict=True))
 

@@ -212,6 +212,19 @@ def scenario(**drawn: Any) -> dict[str, Any]:
     return {**s, **drawn}
 
 
+def kept_group_expires_as_the_data_ends() -> dict[str, Any]:
+    """Issue 19, item 13: requeue, where the data ends at the step that expires a kept group."""
+    return scenario(
+        mode="requeue",
+        batch_sizes=[6, 2, 5, 4],
+        k=1,
+        groups_per_batch=2,
+        latencies=[1.0, 0.5, 0.0],
+        seed=74,
+        eval_every=1,
+    )
+
+
 # The task-order fixture is function-scoped, but each example enters its own
 # ``with task_order(seed):`` and leaves Trio's generator as it found it.
 @settings(
@@ -224,17 +237,7 @@ def scenario(**drawn: Any) -> dict[str, Any]:
 # data runs out, while the trainer asks for the step's evaluation; whether it
 # was sampled again or dropped depended on which of the trainer and the
 # dataloader Trio ran first.
-@example(
-    scenario(
-        mode="requeue",
-        batch_sizes=[6, 2, 5, 4],
-        k=1,
-        groups_per_batch=2,
-        latencies=[1.0, 0.5, 0.0],
-        seed=74,
-        eval_every=1,
-    )
-)
+@example(kept_group_expires_as_the_data_ends())
 def test_every_run_is_accounted_for_exactly_once_whatever_the_task_order(
     trio_task_order_from_seed: TaskOrder, s: dict[str, Any]
 ) -> None:
@@ -290,15 +293,7 @@ def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order(
 ) -> None:
     # Issue 19, item 13: where the data ends at the step that expires a kept group,
     # whether it was sampled again or dropped followed Trio's task order.
-    s = scenario(
-        mode="requeue",
-        batch_sizes=[6, 2, 5, 4],
-        k=1,
-        groups_per_batch=2,
-        latencies=[1.0, 0.5, 0.0],
-        seed=74,
-        eval_every=1,
-    )
+    s = kept_group_expires_as_the_data_ends()
     outcomes = [run_scenario(trio_task_order_from_seed, s, seed) for seed in range(6)]
     first = outcomes[0]
     assert first.summary["run/requeued"] > 0 and first.summary["run/dropped_stale"] > 0

@@ -27,9 +27,8 @@ import trio
 import trio.testing
 from tinker import types as tinker_types
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import longtail_workload as workload
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for bench.x, as in bench/longtail.py
+from bench import longtail_workload as workload
 from trio_rl import _tinker_compat as compat
 from trio_rl.base.determinism import settle
 from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient
@@ -47,7 +46,9 @@ async def cookbook_schedule(steps: int, k: int, draw: int = 0) -> dict[str, floa
     )
     training = await backend.create_training_client(base_model="fake")
     per_step = workload.GROUPS_PER_STEP
-    latest: dict[str, object] = {"client": await backend.create_sampling_client(base_model="fake"), "step": 0}
+    # The dataloader reads these when it hands out a group; the training loop below rebinds them.
+    latest_client = await backend.create_sampling_client(base_model="fake")
+    latest_step = 0
     slots = trio.Semaphore(per_step * (k + 1))
     done_send, done_receive = trio.open_memory_channel[tuple[int, int, int]](float("inf"))
     params = tinker_types.SamplingParams(max_tokens=workload.MAX_TOKENS)
@@ -65,7 +66,7 @@ async def cookbook_schedule(steps: int, k: int, draw: int = 0) -> dict[str, floa
         for batch in range(steps):
             for group in range(per_step):
                 await slots.acquire()
-                nursery.start_soon(rollout, batch, group, latest["client"], latest["step"])
+                nursery.start_soon(rollout, batch, group, latest_client, latest_step)
 
     started = trio.current_time()
     trained: list[tuple[int, int, int]] = []  # (staleness, batch, group)
@@ -86,8 +87,8 @@ async def cookbook_schedule(steps: int, k: int, draw: int = 0) -> dict[str, floa
             trained += [(step - sampled, b, g) for sampled, b, g in batch]
             await (await training.forward_backward([], "importance_sampling")).result()
             await (await training.optim_step(tinker_types.AdamParams(learning_rate=1e-4))).result()
-            latest["client"] = await training.save_weights_for_sampler(f"{step:06d}")
-            latest["step"] = step + 1
+            latest_client = await training.save_weights_for_sampler(f"{step:06d}")
+            latest_step = step + 1
             for _ in batch:
                 slots.release()
         nursery.cancel_scope.cancel()

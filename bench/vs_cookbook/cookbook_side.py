@@ -59,8 +59,8 @@ from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetB
 from tinker_cookbook.utils import ml_log
 from tinker_cookbook.utils.cost_estimation import CostTracker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import longtail_workload
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for bench.x, as in bench/longtail.py
+from bench import longtail_workload
 
 VOCAB_SIZE = 32
 MAX_TOKENS = 8

@@ -41,10 +41,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE.parent))
-import longtail  # noqa: E402  (bench/longtail.py: the long-tail rows and their policies)
-import longtail_workload  # noqa: E402
-import pipeline  # noqa: E402  (bench/pipeline.py: the cells and the ideal schedule)
+sys.path.insert(0, str(REPO))  # for bench.x, as in bench/longtail.py
+# bench/longtail.py: the long-tail rows and their policies; bench/pipeline.py: the cells and the ideal schedule.
+from bench import longtail, longtail_workload, pipeline  # noqa: E402
 
 RUN_TIMEOUT_S = 300
 LONGTAIL_RUN_TIMEOUT_S = 900
@@ -99,7 +98,7 @@ def run_one(side: Side, cell: pipeline.Cell) -> dict[str, Any]:
         raise SystemExit(
             f"run.py: {side.label} on cell {cell.name!r} failed (exit {done.returncode}): {' '.join(command)}\n{tail}"
         )
-    result = json.loads(lines[-1])
+    result: dict[str, Any] = json.loads(lines[-1])
     expected_groups = cell.steps * pipeline.GROUPS_PER_STEP
     if result["steps"] != cell.steps or result["trained_groups"] != expected_groups:
         raise SystemExit(
@@ -192,7 +191,7 @@ def run_longtail_one(side: Side, steps: int, draw: int) -> dict[str, Any]:
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-25:])
         raise SystemExit(f"run.py: {side.label} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
-    result = json.loads(lines[-1])
+    result: dict[str, Any] = json.loads(lines[-1])
     expected = steps * longtail_workload.GROUPS_PER_STEP
     # requeue drops groups by design; every other loop must train them all.
     if result["trained_groups"] != expected and "requeue" not in side.label:
@@ -321,8 +320,8 @@ def main() -> None:
     load_after = os.getloadavg()
 
     versions = {}
-    for (_cell, _mode, side), runs in results.items():
-        versions[side.split(" ")[0]] = runs[0]["versions"]
+    for (_cell, _mode, label), runs in results.items():
+        versions[label.split(" ")[0]] = runs[0]["versions"]
     print()
     print(f"{reps} repetitions, {time.monotonic() - started:.0f} s in all")
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
@@ -332,10 +331,10 @@ def main() -> None:
     print()
     print("| cell | mode | loop | makespan / ideal | CPU µs per group | excess ms per step | samples wasted |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for (cell, mode, side), runs in results.items():
+    for (cell_name, mode, label), runs in results.items():
         ratios = [r["ratio"] for r in runs if r["ratio"] is not None]
         print(
-            f"| {cell} | {mode} | {side} | {summary(ratios, 3) if ratios else '-'} | "
+            f"| {cell_name} | {mode} | {label} | {summary(ratios, 3) if ratios else '-'} | "
             f"{summary([r['cpu_us_per_group'] for r in runs], 0)} | "
             f"{summary([r['excess_ms_per_step'] for r in runs], 1)} | "
             f"{summary([float(r['wasted']) for r in runs], 0)} |"

@@ -26,11 +26,9 @@ from typing import Any
 import tinker
 import trio
 
-# bench/pipeline.py, next to this folder: the cells and run_cell.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import longtail
-import pipeline
-
+# bench/pipeline.py: the cells and run_cell (the repository root on the path, as in bench/longtail.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import longtail, pipeline
 from trio_rl.testing import FakeTrainingClient
 
 MODE_NAMES = {

@@ -29,7 +29,9 @@ def example_args(seed: int, steps: int) -> Any:
     """The SmolLM2 example's flags for this run (its problems, prompts and rewards are the task)."""
     import smollm2_addition as ex
 
-    return ex.parse_args(ex.Args, ["--seed", str(seed), "--max-steps", str(steps)])
+    from trio_rl.cli import parse_args
+
+    return parse_args(ex.Args, ["--seed", str(seed), "--max-steps", str(steps)])
 
 
 def step_problems(args: Any, renderer: Any, steps: int) -> list[list[tuple[int, int]]]:
@@ -37,7 +39,13 @@ def step_problems(args: Any, renderer: Any, steps: int) -> list[list[tuple[int, 
     import smollm2_addition as ex
 
     dataset = ex.AdditionDataset(args, renderer, num_batches=steps)
-    return [[(g.a, g.b) for g in dataset.get_batch(i)] for i in range(steps)]
+
+    def operands(group: object) -> tuple[int, int]:
+        if not isinstance(group, ex.AdditionGroupBuilder):
+            raise TypeError(f"the example's dataset built a {type(group).__name__}, not an AdditionGroupBuilder")
+        return group.a, group.b
+
+    return [[operands(g) for g in dataset.get_batch(i)] for i in range(steps)]
 
 
 def report(side: str, seed: int, sample_s: list[float], train_s: list[float], rewards: list[float], **extra: Any) -> None:

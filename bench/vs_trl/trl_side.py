@@ -13,12 +13,16 @@ the peak RSS.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-import common
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for bench.x, as in bench/longtail.py
+from bench.vs_trl import common
 
 
 def _greedy_accuracy(model: Any, tokenizer: Any, renderer: Any, problems: list[tuple[int, int]]) -> float:
@@ -131,9 +135,10 @@ def main() -> None:
         def on_step_end(self, *a: Any, **k: Any) -> None:
             step_s.append(time.perf_counter() - self.start)
 
+    # peft annotates lora_alpha as int but only divides by it (alpha / r): HFBackend's float default, unrounded.
     peft_config = LoraConfig(
-        r=common.LORA_RANK, lora_alpha=common.LORA_ALPHA, lora_dropout=0.0, target_modules="all-linear",
-        bias="none", task_type="CAUSAL_LM",
+        r=common.LORA_RANK, lora_alpha=common.LORA_ALPHA,  # type: ignore[arg-type]
+        lora_dropout=0.0, target_modules="all-linear", bias="none", task_type="CAUSAL_LM",
     )  # fmt: skip
     trainer = Timed(
         model=model,

@@ -183,17 +183,9 @@ class CheckpointKeeper:
             on the checkpoint before it.
         """
         name = "final" if final else f"{step:06d}"
-        # The weights of a step saved periodically are still the final ones:
-        # record that state again as final rather than save it twice.
-        if self._last is None or self._last[0] != step:
-            if self._given_up == step:
-                return None
-            # The cancel-save runs in the caller's own shielded scope, whose
-            # deadline (cancel_save_timeout) must bound it: no shield of ours there.
-            await self._save_state(step, shielded=self.save_on_cancel and reason != "cancelled")
-            if self._last is None or self._last[0] != step:
-                return None
-        path = self._last[1]
+        path = await self._state_path(step, reason)
+        if path is None:
+            return None
         ledger = self._ledger
         # Hand-outs due at this instant are in the row or not whatever Trio's task order.
         await settle(TRAINER_FIRST)
@@ -218,6 +210,20 @@ class CheckpointKeeper:
         if final:
             self.final = record
         return record
+
+    async def _state_path(self, step: int, reason: str) -> str | None:
+        """The path of the state after ``step``, saved now unless it already is; None when that save was given up."""
+        # The weights of a step saved periodically are still the final ones:
+        # record that state again as final rather than save it twice.
+        if self._last is None or self._last[0] != step:
+            if self._given_up == step:
+                return None
+            # The cancel-save runs in the caller's own shielded scope, whose
+            # deadline (cancel_save_timeout) must bound it: no shield of ours there.
+            await self._save_state(step, shielded=self.save_on_cancel and reason != "cancelled")
+            if self._last is None or self._last[0] != step:
+                return None
+        return self._last[1]
 
     async def _save_state(self, step: int, *, shielded: bool) -> None:
         """``save_state`` under the step's name, noted in ``_last`` the moment it returns."""

@@ -194,6 +194,7 @@ async def train(
     """
     config, dataset, first_batch = _check_before_work(config, dataset, backend)
     run_folder.claim(config, dataset_length=len(dataset))
+    inputs = _Inputs(config=config, dataset=dataset, first_batch=first_batch, backend=backend, evaluators=evaluators)
     checkpoint_log = CheckpointLog(Path(config.log_path))
     run: Run | None = None
     try:
@@ -201,30 +202,7 @@ async def train(
             # Setting up inside the nursery makes its failures arrive like any other.
             begin = await run_folder.start(config, backend, checkpoint_log)
             run = await _open_run(config, begin, len(first_batch), _live_buffer(task_status))
-            rollout = await _rollout_settings(config, backend)
-            first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
-            run.weights.publish(begin.step, first)
-            observer = run.observer
-            assert observer is not None, "train() always observes its run"
-            # Every stage started from here on reports its spans to the run's watch.
-            with watching(observer.watch):
-                stalls = trio.CancelScope()
-                nursery.start_soon(_watch_for_stalls, observer, stalls)
-                task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights, observer))
-                stages = StageSettings(
-                    items=DatasetItems(dataset, first_batch, begin.cursor, begin.owed),
-                    rollout=rollout,
-                    trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(dataset), len(first_batch)),
-                    evaluation=await _evaluation(config, backend, begin, evaluators),
-                )
-                outcome = await run_pipeline(
-                    nursery,
-                    run,
-                    stages,
-                    runner=_step_runner(config, begin.training_client, run),
-                    checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
-                )
-                stalls.cancel()
+            outcome = await _run_stages(nursery, inputs, begin, run, checkpoint_log, task_status)
     finally:
         if run is not None:
             run.metrics.close()
@@ -233,6 +211,54 @@ async def train(
                 run.observer.close()
     assert run is not None, "the run was opened before its pipeline returned"
     return _result(outcome, run.metrics, Path(config.log_path), begin.step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Inputs:
+    """What :func:`train` was given, checked: the configuration resolved for the backend, the dataset over its epochs."""
+
+    config: Config
+    dataset: RLDataset
+    first_batch: Sequence[EnvGroupBuilder]
+    backend: Backend
+    evaluators: Sequence[SamplingClientEvaluator]
+
+
+async def _run_stages(
+    nursery: trio.Nursery,
+    inputs: _Inputs,
+    begin: run_folder.Start,
+    run: Run,
+    checkpoint_log: CheckpointLog,
+    task_status: trio.TaskStatus[RunHandle],
+) -> TrainerOutcome:
+    """Publish the first weights, then run the stages to the end, each watched by the run's observer."""
+    config, backend, first_batch = inputs.config, inputs.backend, inputs.first_batch
+    rollout = await _rollout_settings(config, backend)
+    first = await run.publishing.publish(begin.training_client, f"{begin.step:06d}")
+    run.weights.publish(begin.step, first)
+    observer = run.observer
+    assert observer is not None, "train() always observes its run"
+    # Every stage started from here on reports its spans to the run's watch.
+    with watching(observer.watch):
+        stalls = trio.CancelScope()
+        nursery.start_soon(_watch_for_stalls, observer, stalls)
+        task_status.started(RunHandle(run.metrics.live, Path(config.log_path), run.weights, observer))
+        stages = StageSettings(
+            items=DatasetItems(inputs.dataset, first_batch, begin.cursor, begin.owed),
+            rollout=rollout,
+            trainer=_trainer_settings(config, run.schedule, begin.resumed_from, len(inputs.dataset), len(first_batch)),
+            evaluation=await _evaluation(config, backend, begin, inputs.evaluators),
+        )
+        outcome = await run_pipeline(
+            nursery,
+            run,
+            stages,
+            runner=_step_runner(config, begin.training_client, run),
+            checkpoints=_checkpoint_keeper(config, checkpoint_log, begin, run),
+        )
+        stalls.cancel()
+    return outcome
 
 
 def _checkpoint_keeper(config: Config, log: CheckpointLog, begin: run_folder.Start, run: Run) -> CheckpointKeeper:

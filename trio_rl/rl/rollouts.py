@@ -428,6 +428,40 @@ async def _attempt(
     return captured.value
 
 
+class _RetryBudget:
+    """One group's ``max_retries``, given to the failures of one instant together, by :func:`_run_with_retries`'s rules."""
+
+    def __init__(self, max_retries: int, floor: int | None, group: trio.CancelScope) -> None:
+        self._left = max_retries
+        self._floor = floor
+        self._group = group
+        self.failed_now: list[int] = []
+        """The slots that failed at this instant, not yet answered."""
+        self._retries: dict[int, bool] = {}
+
+    def answer(self, *, succeeded: int) -> None:
+        """Answer every failure of this instant, ``succeeded`` rollouts of the group having succeeded."""
+        # Every failure of one instant is answered together, in slot order, so
+        # that which slot gets the last of the budget never depends on which
+        # task Trio happened to run first.
+        answered = sorted(self.failed_now)
+        self.failed_now.clear()
+        for index in answered:
+            self._retries[index] = self._left > 0 and (self._floor is None or succeeded < self._floor)
+            if self._retries[index]:
+                self._left -= 1
+        if self._floor is None and not all(self._retries[index] for index in answered):
+            # The group has failed: none of this instant's failures is retried,
+            # and the cancel lands here, in the first of them to wake, before
+            # any slot acts on its answer (rebuilds an env, samples again).
+            self._retries.update(dict.fromkeys(answered, False))
+            self._group.cancel()
+
+    def retries(self, index: int) -> bool:
+        """Whether slot ``index``'s answered failure is retried."""
+        return self._retries.pop(index)
+
+
 async def _run_with_retries(
     builder: EnvGroupBuilder,
     envs: Sequence[Env],
@@ -445,29 +479,8 @@ async def _run_with_retries(
     """
     results: list[tuple[Trajectory, Env] | None] = [None] * len(envs)
     errors: list[RolloutError] = []
-    budget = max_retries
-    failed_now: list[int] = []
-    retries: dict[int, bool] = {}
     group = trio.CancelScope()
-
-    def answer_failures() -> None:
-        # Every failure of one instant is answered together, in slot order, so
-        # that which slot gets the last of the budget never depends on which
-        # task Trio happened to run first.
-        nonlocal budget
-        succeeded = sum(r is not None for r in results)
-        answered = sorted(failed_now)
-        failed_now.clear()
-        for index in answered:
-            retries[index] = budget > 0 and (floor is None or succeeded < floor)
-            if retries[index]:
-                budget -= 1
-        if floor is None and not all(retries[index] for index in answered):
-            # The group has failed: none of this instant's failures is retried,
-            # and the cancel lands here, in the first of them to wake, before
-            # any slot acts on its answer (rebuilds an env, samples again).
-            retries.update(dict.fromkeys(answered, False))
-            group.cancel()
+    budget = _RetryBudget(max_retries, floor, group)
 
     async def slot(index: int, env: Env) -> None:
         for attempt in itertools.count():
@@ -476,11 +489,11 @@ async def _run_with_retries(
                 results[index] = (result, env)
                 return
             errors.append(result)
-            failed_now.append(index)
+            budget.failed_now.append(index)
             await settle()  # until every failure of this instant has arrived
-            if failed_now:
-                answer_failures()
-            if not retries.pop(index):
+            if budget.failed_now:
+                budget.answer(succeeded=sum(r is not None for r in results))
+            if not budget.retries(index):
                 return
             env = await _fresh_env(builder, index)
 

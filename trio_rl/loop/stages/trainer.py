@@ -46,6 +46,14 @@ class TrainerSettings:
     rolling_save_every: int = 0
     """Also save every N steps that ``save_every`` does not, recorded as ``"rolling"`` (0: never)."""
 
+    def save_reason(self, step: int) -> str | None:
+        """Why the state after ``step`` steps is saved: ``"periodic"``, ``"rolling"`` (0.6.1's cadence), or not at all."""
+        if self.save_every and step % self.save_every == 0:
+            return "periodic"
+        if self.rolling_save_every and step % self.rolling_save_every == 0:
+            return "rolling"
+        return None
+
 
 @dataclass(frozen=True)
 class TrainerParts:
@@ -140,19 +148,10 @@ class Trainer:
             # Only now, with the step's weights published, may more work start:
             # it starts on those weights rather than on ones already stale.
             self._run.gate.free(g.item for g in done.taken)
-            if (reason := self._save_reason()) is not None:
+            if (reason := self._settings.save_reason(self.step)) is not None:
                 await self._save(final=False, reason=reason)
             await self._evals.request_if_due(self.step)
         return True
-
-    def _save_reason(self) -> str | None:
-        """Why the state after this step is saved: ``"periodic"``, ``"rolling"`` (0.6.1's cadence), or not at all."""
-        every, rolling = self._settings.save_every, self._settings.rolling_save_every
-        if every and self.step % every == 0:
-            return "periodic"
-        if rolling and self.step % rolling == 0:
-            return "rolling"
-        return None
 
     async def _train_step(self) -> TrainedStep | None:
         """Submit each minibatch the schedule decides as soon as it does, then publish the step's weights."""
