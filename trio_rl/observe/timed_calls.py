@@ -35,10 +35,10 @@ class TimedUserCalls:
         self._runner = runner
 
     def call(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
-        return _timed(f"env_{fn.__name__}", self._runner.call(fn, *args, **kwargs))
+        return _timed(_span_name(fn), self._runner.call(fn, *args, **kwargs))
 
     def bind(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        bound, name = self._runner.bind(fn), f"env_{fn.__name__}"
+        bound, name = self._runner.bind(fn), _span_name(fn)
 
         def timed(*args: Any, **kwargs: Any) -> Awaitable[T]:
             return _timed(name, bound(*args, **kwargs))
@@ -57,6 +57,11 @@ class TimedPolicy(Generic[P, T]):
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
         with span("sample"):
             return await self._policy(*args, **kwargs)
+
+
+def _span_name(fn: Callable[..., Any]) -> str:
+    # An env's method may be any callable (a partial, an object with __call__): not every one has a name.
+    return f"env_{getattr(fn, '__name__', 'call')}"
 
 
 async def _timed(name: str, call: Awaitable[T]) -> T:
