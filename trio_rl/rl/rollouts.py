@@ -42,7 +42,7 @@ from .. import _tinker_compat as compat
 from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient, token_versions
 from ..base.determinism import derive_seed, settle
-from ..errors import EmptyGroupError, GroupFailedError
+from ..errors import EmptyGroupError, GroupFailedError, UnenforcedLimitsError
 from ..observe.spans import on_free_lane, span
 from ..types import (
     ActionExtra,
@@ -500,6 +500,8 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
             envs = await call_user(builder.make_envs)
         if not envs:
             raise EmptyGroupError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
+        for env in envs:
+            refuse_rollout_limits(env)
         yield envs
     except BaseException as failure:
         cleanup_failure = await _cleanup(builder)
@@ -518,6 +520,42 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
         cleanup_failure = await _cleanup(builder)
         if cleanup_failure is not None:
             raise cleanup_failure
+
+
+ROLLOUT_LIMIT_FIELDS = (
+    "max_turns",
+    "max_trajectory_tokens",
+    "max_sampled_tokens",
+    "max_tool_calls",
+    "max_turn_tokens",
+    "rollout_timeout_seconds",
+    "sampling_turn_timeout_seconds",
+)
+"""tinker-cookbook 0.6.1's ``RolloutLimits`` fields; each one's default, None, means unlimited."""
+
+
+def refuse_rollout_limits(env: Env) -> None:
+    """Refuse an env whose ``rollout_limits`` (0.6.1's runner-side budgets) set any limit.
+
+    0.6.1's runner enforces what such an env advertises (``EnvFromMessageEnv.rollout_limits``,
+    set from a ``RolloutConfig``); trio_rl's does not, so a set limit would be silently
+    ignored. ``RolloutLimits()`` with every field None changes nothing in 0.6.1 and passes.
+
+    Raises:
+        UnenforcedLimitsError: naming ``rollout_limits``, the env and the limits that are set.
+    """
+    limits = getattr(env, "rollout_limits", None)
+    if limits is None:
+        return
+    chosen = {name: getattr(limits, name) for name in ROLLOUT_LIMIT_FIELDS if getattr(limits, name, None) is not None}
+    if chosen:
+        settings = ", ".join(f"{name}={value!r}" for name, value in chosen.items())
+        raise UnenforcedLimitsError(
+            "rollout_limits",
+            f"{type(env).__name__} sets {settings}, which tinker-cookbook's rollout runner enforces and "
+            "trio_rl's does not; build the env without them (the env's own max_trajectory_tokens and "
+            "max_generation_tokens do work)",
+        )
 
 
 def _only_cancellation(failure: BaseException) -> bool:
