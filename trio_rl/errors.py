@@ -65,8 +65,9 @@ class UnenforcedLimitsError(ConfigError, BadValueError):
     """An env asks its rollout runner to enforce budgets that trio_rl's runner does not enforce.
 
     tinker-cookbook 0.6.1's envs built from a ``RolloutConfig`` carry ``rollout_limits`` for
-    its runner (``rl/rollout_runner.py``) to enforce. Training without them would train on
-    rollouts the recipe bounded, so the run stops, whatever the error strategy.
+    its runner (``rl/rollout_runner.py``) to enforce. Training without the token budgets or
+    the timeouts would train on rollouts the recipe meant to bound, so the run stops,
+    whatever the error strategy.
     """
 
 

@@ -45,6 +45,7 @@ from ..base.determinism import derive_seed, settle
 from ..errors import EmptyGroupError, GroupFailedError, UnenforcedLimitsError
 from ..observe.spans import on_free_lane, span
 from ..types import (
+    STOP_METRIC_PREFIX,
     ActionExtra,
     Env,
     EnvGroupBuilder,
@@ -53,6 +54,7 @@ from ..types import (
     Observation,
     RolloutError,
     StopCondition,
+    StopReason,
     TokensWithLogprobs,
     Trajectory,
     TrajectoryGroup,
@@ -161,6 +163,11 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     ``extra``); an env returning :class:`InitialObservationOverflow` ends at once
     without sampling; the final transition's ``stop/<reason>`` metric becomes
     :attr:`Trajectory.stop_reason`.
+
+    An env that advertises tinker-cookbook 0.6.1's ``rollout_limits`` gets two of them as
+    0.6.1's runner enforces them: ``max_turns`` ends the episode before the turn past it
+    (``stop/max_turns`` on the last transition, nothing graded), and ``max_tool_calls`` is
+    handed to the env's ``set_max_tool_calls``. The others are refused by :func:`group_envs`.
     """
     into: list[Trajectory | None] = [None]
     await _roll_out_into(into, 0, policy, env)
@@ -179,6 +186,12 @@ async def _roll_out_into(into: list[Trajectory | None], index: int, policy: Toke
     # A lane of its own in a trace: the group's rollouts run at once, each on one.
     with on_free_lane("rollout"), span("rollout"):
         runner = current_runner()
+        # 0.6.1's runner-side limits that an env advertises (refuse_rollout_limits refused the rest).
+        limits = getattr(env, "rollout_limits", None)
+        max_turns: int | None = getattr(limits, "max_turns", None)
+        max_tool_calls: int | None = getattr(limits, "max_tool_calls", None)
+        if max_tool_calls is not None:
+            env.set_max_tool_calls(max_tool_calls)  # type: ignore[attr-defined]
         with span("env_initial_observation"):
             initial = await runner.call(env.initial_observation)
         # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
@@ -195,6 +208,10 @@ async def _roll_out_into(into: list[Trajectory | None], index: int, policy: Toke
         step = runner.bind(env.step)
         transitions: list[Transition] = []
         while True:
+            if max_turns is not None and len(transitions) >= max_turns:
+                # The env did not end the episode, so it graded nothing: as 0.6.1's runner stops.
+                into[index] = _runner_stop(transitions, ob, StopReason.MAX_TURNS)
+                return
             with span("sample"):
                 action = await policy(ob, stop)
             with span("env_step"):
@@ -522,40 +539,58 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
             raise cleanup_failure
 
 
-ROLLOUT_LIMIT_FIELDS = (
-    "max_turns",
+RUNNER_ONLY_LIMITS = (
     "max_trajectory_tokens",
     "max_sampled_tokens",
-    "max_tool_calls",
     "max_turn_tokens",
     "rollout_timeout_seconds",
     "sampling_turn_timeout_seconds",
 )
-"""tinker-cookbook 0.6.1's ``RolloutLimits`` fields; each one's default, None, means unlimited."""
+"""tinker-cookbook 0.6.1's ``RolloutLimits`` fields that trio_rl's runner does not enforce (None: unlimited).
+
+The other two, ``max_turns`` and ``max_tool_calls``, it enforces as 0.6.1's runner does (see
+:func:`do_single_rollout`).
+"""
 
 
 def refuse_rollout_limits(env: Env) -> None:
-    """Refuse an env whose ``rollout_limits`` (0.6.1's runner-side budgets) set any limit.
+    """Refuse an env whose ``rollout_limits`` (0.6.1's runner-side budgets) set a limit trio_rl cannot enforce.
 
     0.6.1's runner enforces what such an env advertises (``EnvFromMessageEnv.rollout_limits``,
-    set from a ``RolloutConfig``); trio_rl's does not, so a set limit would be silently
-    ignored. ``RolloutLimits()`` with every field None changes nothing in 0.6.1 and passes.
+    set from a ``RolloutConfig``). trio_rl's enforces ``max_turns`` and ``max_tool_calls``;
+    the token budgets and the two timeouts would be silently ignored, so they are refused, and
+    so is ``max_tool_calls`` on an env that cannot take it (0.6.1 logs a warning and runs on).
 
     Raises:
-        UnenforcedLimitsError: naming ``rollout_limits``, the env and the limits that are set.
+        UnenforcedLimitsError: naming ``rollout_limits``, the env and the limits at fault.
     """
     limits = getattr(env, "rollout_limits", None)
     if limits is None:
         return
-    chosen = {name: getattr(limits, name) for name in ROLLOUT_LIMIT_FIELDS if getattr(limits, name, None) is not None}
+    chosen = {name: getattr(limits, name) for name in RUNNER_ONLY_LIMITS if getattr(limits, name, None) is not None}
     if chosen:
         settings = ", ".join(f"{name}={value!r}" for name, value in chosen.items())
         raise UnenforcedLimitsError(
             "rollout_limits",
             f"{type(env).__name__} sets {settings}, which tinker-cookbook's rollout runner enforces and "
-            "trio_rl's does not; build the env without them (the env's own max_trajectory_tokens and "
-            "max_generation_tokens do work)",
+            "trio_rl's does not (it enforces max_turns and max_tool_calls); build the env without them "
+            "(the env's own max_trajectory_tokens and max_generation_tokens do work)",
         )
+    if getattr(limits, "max_tool_calls", None) is not None and not callable(getattr(env, "set_max_tool_calls", None)):
+        raise UnenforcedLimitsError(
+            "rollout_limits",
+            f"{type(env).__name__} sets max_tool_calls={limits.max_tool_calls} but has no set_max_tool_calls "
+            "to take it, so no one would enforce it",
+        )
+
+
+def _runner_stop(transitions: list[Transition], final_ob: Observation, reason: str) -> Trajectory:
+    """0.6.1's ``_finalize_runner_stop``: the last transition ends the episode with ``stop/<reason>`` alone."""
+    last = transitions[-1]
+    metrics = {k: v for k, v in last.metrics.items() if not k.startswith(STOP_METRIC_PREFIX)}
+    metrics[f"{STOP_METRIC_PREFIX}{reason}"] = 1.0
+    transitions[-1] = Transition(last.ob, last.ac, last.reward, True, metrics, last.logs)
+    return Trajectory(transitions=transitions, final_ob=final_ob, stop_reason=reason)
 
 
 def _only_cancellation(failure: BaseException) -> bool:
