@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,8 +15,8 @@ from tests.conftest import read_jsonl
 from tests.pipeline_helpers import MODES, make_config, run_fake
 from tests.test_rollouts import policies
 from trio_rl import FailFast, GroupFailedError, MinViableGroup, RetryOnFailure, do_group_rollout
-from trio_rl.errors import EmptyGroupError, stops_the_run
-from trio_rl.rl.rollouts import ErrorStrategy
+from trio_rl.errors import ConfigError, EmptyGroupError, stops_the_run
+from trio_rl.rl.rollouts import ErrorStrategy, do_single_rollout
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnv, FakeEnvGroupBuilder, FakeEnvSpec
 from trio_rl.types import Env, Metrics, Trajectory
 
@@ -186,3 +188,107 @@ async def test_a_retry_whose_make_envs_returns_no_env_stops_the_group_naming_the
     ):
         await do_group_rollout(builder, policies(FakeBackend()), RetryOnFailure(max_retries=1))  # type: ignore[arg-type]
     assert stops_the_run(caught.value)
+
+
+@dataclass
+class FakeRolloutLimits:
+    """tinker-cookbook 0.6.1's ``RolloutLimits`` by field name (the core imports no cookbook)."""
+
+    max_turns: int | None = None
+    max_trajectory_tokens: int | None = None
+    max_sampled_tokens: int | None = None
+    max_tool_calls: int | None = None
+    max_turn_tokens: int | None = None
+    rollout_timeout_seconds: float | None = None
+    sampling_turn_timeout_seconds: float | None = None
+
+
+class LimitedEnvs(FakeEnvGroupBuilder):
+    """Every env carries ``rollout_limits``, as 0.6.1's envs built from a ``RolloutConfig`` do."""
+
+    limits = FakeRolloutLimits()
+
+    async def make_envs(self) -> Sequence[Env]:
+        envs = await super().make_envs()
+        for env in envs:
+            env.rollout_limits = self.limits  # type: ignore[attr-defined]
+        return envs
+
+
+class LimitedDataset(FakeDataset):
+    def __init__(self, limits: FakeRolloutLimits, num_batches: int, batch_size: int) -> None:
+        super().__init__(num_batches=num_batches, batch_size=batch_size)
+        self.limits = limits
+
+    def get_batch(self, index: int) -> list[FakeEnvGroupBuilder]:
+        builders: list[FakeEnvGroupBuilder] = []
+        for g in range(self.batch_sizes[index]):
+            builder = LimitedEnvs((index, g), self.spec, self.log)
+            builder.limits = self.limits
+            builders.append(builder)
+        return builders
+
+
+@pytest.mark.parametrize(
+    "strategy", [FailFast(), RetryOnFailure(max_retries=2), MinViableGroup()], ids=lambda s: type(s).__name__
+)
+async def test_an_env_whose_rollout_limits_set_a_limit_stops_the_run_under_every_strategy(
+    log_path: Path, strategy: ErrorStrategy, autojump_clock: MockClock
+) -> None:
+    config = make_config(log_path, "sync", rollout_error_tolerance=strategy)
+    limits = FakeRolloutLimits(max_turns=2, max_sampled_tokens=64, rollout_timeout_seconds=30.0)
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(
+            ConfigError,
+            match=r"^rollout_limits: FakeEnv sets max_sampled_tokens=64, rollout_timeout_seconds=30\.0, which",
+        ),
+        flatten_subgroups=True,
+    ) as caught:
+        await run_fake(config, LimitedDataset(limits, num_batches=3, batch_size=2))
+    assert stops_the_run(caught.value)
+    assert [r for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r] == []
+
+
+async def test_rollout_limits_with_every_field_none_change_nothing(log_path: Path, autojump_clock: MockClock) -> None:
+    config = make_config(log_path, "sync")
+    result = await run_fake(config, LimitedDataset(FakeRolloutLimits(), num_batches=3, batch_size=2))
+    assert result.final_step == 3 and result.trained_groups == 6
+
+
+async def test_an_env_without_set_max_tool_calls_refuses_a_tool_call_limit(
+    log_path: Path, autojump_clock: MockClock
+) -> None:
+    config = make_config(log_path, "sync")
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(ConfigError, match=r"^rollout_limits: FakeEnv sets max_tool_calls=3 but has no set_max"),
+        flatten_subgroups=True,
+    ):
+        await run_fake(config, LimitedDataset(FakeRolloutLimits(max_tool_calls=3), num_batches=2, batch_size=2))
+
+
+class EndlessEnv(FakeEnv):
+    """Never ends its episode by itself; counts the tool-call limit it is handed."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.handed: list[int] = []
+
+    def set_max_tool_calls(self, limit: int) -> None:
+        self.handed.append(limit)
+
+    async def step(self, action: list[int], extra: Any = None) -> Any:
+        result = await super().step(action)
+        result.episode_done = False
+        result.metrics["stop/completed"] = 1.0  # an env-reported stop that the runner's stop replaces
+        return result
+
+
+async def test_max_turns_and_max_tool_calls_are_enforced_as_0_6_1s_runner_does(autojump_clock: MockClock) -> None:
+    env = EndlessEnv((0, 0), 1, FakeEnvSpec(), 0, [])
+    env.rollout_limits = FakeRolloutLimits(max_turns=3, max_tool_calls=2)  # type: ignore[attr-defined]
+    with trio.fail_after(10):
+        trajectory = await do_single_rollout(policies(FakeBackend())(0, 0), env)
+    assert len(trajectory.transitions) == 3 and trajectory.stop_reason == "max_turns"
+    assert [t.episode_done for t in trajectory.transitions] == [False, False, True]
+    assert [k for k in trajectory.transitions[-1].metrics if k.startswith("stop/")] == ["stop/max_turns"]
+    assert env.handed == [2]

@@ -61,6 +61,16 @@ class EmptyGroupError(BadValueError):
     """``EnvGroupBuilder.make_envs()`` returned no env; the message names the builder."""
 
 
+class UnenforcedLimitsError(ConfigError, BadValueError):
+    """An env asks its rollout runner to enforce budgets that trio_rl's runner does not enforce.
+
+    tinker-cookbook 0.6.1's envs built from a ``RolloutConfig`` carry ``rollout_limits`` for
+    its runner (``rl/rollout_runner.py``) to enforce. Training without the token budgets or
+    the timeouts would train on rollouts the recipe meant to bound, so the run stops,
+    whatever the error strategy.
+    """
+
+
 def stops_the_run(failure: BaseException) -> bool:
     """Whether ``failure`` is, or holds, a :class:`BadValueError`: no strategy may skip its group."""
     if isinstance(failure, BaseExceptionGroup):

@@ -3,7 +3,9 @@
 # envs, datasets and evaluators trained through trio_rl.train.
 #
 #   1. set up (or reuse) its venv: tinker-cookbook 0.6.1 + trio_rl + trio-asyncio (setup_env.sh);
-#   2. run pytest on tests/cookbook in it.
+#   2. set up (or reuse) the skyrl 0.4.0 server venv (tests/integration/setup_skyrl04_env.sh) that
+#      test_cookbook_skyrl_server.py trains a recipe against, and name its python in COOKBOOK_SKYRL_PYTHON;
+#   3. run pytest on tests/cookbook in the first venv.
 #
 # Exits non-zero if a test fails, if the suite runs past COOKBOOK_TIMEOUT_S
 # (default 600), and if no test passed (a suite that silently collected nothing
@@ -14,13 +16,15 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 VENV="${COOKBOOK_VENV:-$REPO/.cookbook-venv}"
 export COOKBOOK_VENV="$VENV"
-TIMEOUT_S="${COOKBOOK_TIMEOUT_S:-600}"
+TIMEOUT_S="${COOKBOOK_TIMEOUT_S:-900}"
 
 # Nothing here may reach the hub or send telemetry.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TINKER_TELEMETRY=0
 
 start=$(date +%s)
 bash "$HERE/setup_env.sh"
+bash "$REPO/tests/integration/setup_skyrl04_env.sh"
+export COOKBOOK_SKYRL_PYTHON="${SKYRL04_VENV:-$REPO/.skyvenv04}/bin/python"
 setup_s=$(( $(date +%s) - start ))
 
 cd "$REPO"

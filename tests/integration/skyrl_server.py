@@ -1,4 +1,4 @@
-"""Start and stop SkyRL's Tinker-API server (skyrl 0.3.0, JAX on CPU) for tests.
+"""Start and stop SkyRL's Tinker-API server (skyrl 0.3.0 or 0.4.0, JAX on CPU) for tests.
 
 Two roles in one file:
 
@@ -7,7 +7,7 @@ Two roles in one file:
       python skyrl_server.py serve --base-model DIR --port N --database-url ... --checkpoints-base ...
       python skyrl_server.py engine <EngineConfig flags>   # started by `serve`, not by hand
 
-  It works around two problems of skyrl 0.3.0 in a plain venv:
+  It works around two problems of skyrl 0.3.0 and 0.4.0 in a plain venv:
 
   1. ``skyrl.tinker.api`` starts its engine subprocess with ``uv run ...``,
      rebuilt from the parent's command line; outside ``uv`` that fails with
@@ -17,7 +17,9 @@ Two roles in one file:
      model, which pydantic rejects below Python 3.12. Both roles import that
      module with ``typing.TypedDict`` pointed at ``typing_extensions.TypedDict``.
 
-  It also binds 127.0.0.1 by default (skyrl's own default is 0.0.0.0).
+  It also binds 127.0.0.1 by default (skyrl's own default is 0.0.0.0), and on skyrl 0.4.0 adds
+  the sampling promise's ``sample_sequence_ids`` that tinker SDK >= 0.26 requires
+  (:func:`_add_sample_sequence_ids`).
 
 * **Harness** (imported by ``conftest.py``): :func:`running_server` builds the
   tiny model into a temporary directory, starts ``serve`` on a free local port
@@ -47,6 +49,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 THIS_FILE = Path(__file__).resolve()
 
@@ -118,6 +121,42 @@ def _import_skyrl_types() -> None:
         typing.TypedDict = original
 
 
+def _add_sample_sequence_ids(api: Any) -> None:
+    """Have ``/api/v1/asample`` answer with one sequence id per sample, as tinker SDK >= 0.26 requires.
+
+    SDK 0.26 and later (which tinker-cookbook 0.6.1 needs) take each sampled sequence's id from
+    the ``sample_sequence_ids`` of the sampling promise, and fail an ``assert`` when it is absent;
+    skyrl 0.4.0, written against SDK 0.25, does not send it. The route is re-registered with a
+    response that adds the ids (``<request id>-<i>``: unique per sample, which is all the SDK
+    needs of them). skyrl 0.3.0 (SDK 0.24.1, which knows no such field) is left as it is.
+    """
+    from importlib import metadata
+
+    if tuple(int(part) for part in metadata.version("skyrl").split(".")[:2]) < (0, 4):
+        return
+    if "sample_sequence_ids" in api.FutureResponse.model_fields:
+        return  # a skyrl that sends them itself
+    from fastapi import Depends, Request
+
+    original = api.asample
+    route = next(r for r in api.app.router.routes if getattr(r, "path", "") == "/api/v1/asample")
+    api.app.router.routes.remove(route)
+
+    class FutureWithSequenceIds(api.FutureResponse):  # type: ignore[misc,name-defined]
+        sample_sequence_ids: list[str] | None = None
+
+    session_dependency = Depends(api.get_session)
+
+    async def asample(request: Any, req: Any, session: Any = session_dependency) -> Any:
+        future = await original(request, req, session)
+        ids = [f"{future.request_id}-{i}" for i in range(request.num_samples)]
+        return FutureWithSequenceIds(**future.model_dump(), sample_sequence_ids=ids)
+
+    # Real classes, not this file's postponed (string) annotations, for FastAPI to read the body by.
+    asample.__annotations__ = {"request": api.SampleRequest, "req": Request, "return": FutureWithSequenceIds}
+    api.app.post("/api/v1/asample", response_model=FutureWithSequenceIds)(asample)
+
+
 def _serve(argv: Sequence[str]) -> None:
     """Run the API server (what ``python -m skyrl.tinker.api`` does, minus ``uv``)."""
     import argparse
@@ -136,6 +175,7 @@ def _serve(argv: Sequence[str]) -> None:
         return [sys.executable, str(THIS_FILE), "engine", *config_to_argv(engine_config)]
 
     api._build_uv_run_cmd_engine = engine_command
+    _add_sample_sequence_ids(api)
 
     parser = argparse.ArgumentParser(prog="skyrl_server.py serve")
     add_model(parser, EngineConfig)
@@ -505,6 +545,9 @@ def running_server(
             str(root / "lora_models"),
             "--backend-config",
             backend_config,
+            # skyrl 0.3.0's default; 0.4.0's is "megatron", which needs ray and a GPU.
+            "--backend",
+            "jax",
         ]
         t1 = time.monotonic()
         env = server_env(root, jax_cache=jax_cache)

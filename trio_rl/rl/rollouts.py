@@ -42,10 +42,11 @@ from .. import _tinker_compat as compat
 from ..asyncio_bridge import call_user, current_runner
 from ..backends.protocol import SamplingClient, token_versions
 from ..base.determinism import derive_seed, settle
-from ..errors import EmptyGroupError, GroupFailedError
+from ..errors import EmptyGroupError, GroupFailedError, UnenforcedLimitsError
 from ..observe.spans import on_free_lane, recording_spans, span
 from ..observe.timed_calls import TimedPolicy, TimedUserCalls, UserCalls
 from ..types import (
+    STOP_METRIC_PREFIX,
     ActionExtra,
     Env,
     EnvGroupBuilder,
@@ -54,6 +55,7 @@ from ..types import (
     Observation,
     RolloutError,
     StopCondition,
+    StopReason,
     TokensWithLogprobs,
     Trajectory,
     TrajectoryGroup,
@@ -162,6 +164,11 @@ async def do_single_rollout(policy: TokenPolicy, env: Env) -> Trajectory:
     ``extra``); an env returning :class:`InitialObservationOverflow` ends at once
     without sampling; the final transition's ``stop/<reason>`` metric becomes
     :attr:`Trajectory.stop_reason`.
+
+    An env that advertises tinker-cookbook 0.6.1's ``rollout_limits`` gets two of them as
+    0.6.1's runner enforces them: ``max_turns`` ends the episode before the turn past it
+    (``stop/max_turns`` on the last transition, nothing graded), and ``max_tool_calls`` is
+    handed to the env's ``set_max_tool_calls``. The others are refused by :func:`group_envs`.
     """
     into: list[Trajectory | None] = [None]
     await _rollout_task()(into, 0, policy, env)
@@ -192,6 +199,12 @@ async def _roll_out_into(
     held all the while it waits on the sampler.
     """
     runner = runner if runner is not None else current_runner()
+    # 0.6.1's runner-side limits that an env advertises (refuse_rollout_limits refused the rest).
+    limits = getattr(env, "rollout_limits", None)
+    max_turns: int | None = getattr(limits, "max_turns", None)
+    max_tool_calls: int | None = getattr(limits, "max_tool_calls", None)
+    if max_tool_calls is not None:
+        env.set_max_tool_calls(max_tool_calls)  # type: ignore[attr-defined]
     initial = await runner.call(env.initial_observation)  # waits on: env_initial_observation
     # Not a (observation, stop) pair: an overflow, ours or the cookbook's own class.
     if not isinstance(initial, tuple):
@@ -207,6 +220,10 @@ async def _roll_out_into(
     step = runner.bind(env.step)
     transitions: list[Transition] = []
     while True:
+        if max_turns is not None and len(transitions) >= max_turns:
+            # The env did not end the episode, so it graded nothing: as 0.6.1's runner stops.
+            into[index] = _runner_stop(transitions, ob, StopReason.MAX_TURNS)
+            return
         action = await policy(ob, stop)  # waits on: sample
         if takes_extra:
             result = await step(action.tokens, extra=ActionExtra(stop_reason=action.stop_reason))  # waits on: env_step
@@ -524,6 +541,8 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
             envs = await call_user(builder.make_envs)
         if not envs:
             raise EmptyGroupError(f"{type(builder).__name__}.make_envs() returned no envs; a group needs at least one")
+        for env in envs:
+            refuse_rollout_limits(env)
         yield envs
     except BaseException as failure:
         cleanup_failure = await _cleanup(builder)
@@ -542,6 +561,60 @@ async def group_envs(builder: EnvGroupBuilder) -> AsyncGenerator[Sequence[Env], 
         cleanup_failure = await _cleanup(builder)
         if cleanup_failure is not None:
             raise cleanup_failure
+
+
+RUNNER_ONLY_LIMITS = (
+    "max_trajectory_tokens",
+    "max_sampled_tokens",
+    "max_turn_tokens",
+    "rollout_timeout_seconds",
+    "sampling_turn_timeout_seconds",
+)
+"""tinker-cookbook 0.6.1's ``RolloutLimits`` fields that trio_rl's runner does not enforce (None: unlimited).
+
+The other two, ``max_turns`` and ``max_tool_calls``, it enforces as 0.6.1's runner does (see
+:func:`do_single_rollout`).
+"""
+
+
+def refuse_rollout_limits(env: Env) -> None:
+    """Refuse an env whose ``rollout_limits`` (0.6.1's runner-side budgets) set a limit trio_rl cannot enforce.
+
+    0.6.1's runner enforces what such an env advertises (``EnvFromMessageEnv.rollout_limits``,
+    set from a ``RolloutConfig``). trio_rl's enforces ``max_turns`` and ``max_tool_calls``;
+    the token budgets and the two timeouts would be silently ignored, so they are refused, and
+    so is ``max_tool_calls`` on an env that cannot take it (0.6.1 logs a warning and runs on).
+
+    Raises:
+        UnenforcedLimitsError: naming ``rollout_limits``, the env and the limits at fault.
+    """
+    limits = getattr(env, "rollout_limits", None)
+    if limits is None:
+        return
+    chosen = {name: getattr(limits, name) for name in RUNNER_ONLY_LIMITS if getattr(limits, name, None) is not None}
+    if chosen:
+        settings = ", ".join(f"{name}={value!r}" for name, value in chosen.items())
+        raise UnenforcedLimitsError(
+            "rollout_limits",
+            f"{type(env).__name__} sets {settings}, which tinker-cookbook's rollout runner enforces and "
+            "trio_rl's does not (it enforces max_turns and max_tool_calls); build the env without them "
+            "(the env's own max_trajectory_tokens and max_generation_tokens do work)",
+        )
+    if getattr(limits, "max_tool_calls", None) is not None and not callable(getattr(env, "set_max_tool_calls", None)):
+        raise UnenforcedLimitsError(
+            "rollout_limits",
+            f"{type(env).__name__} sets max_tool_calls={limits.max_tool_calls} but has no set_max_tool_calls "
+            "to take it, so no one would enforce it",
+        )
+
+
+def _runner_stop(transitions: list[Transition], final_ob: Observation, reason: str) -> Trajectory:
+    """0.6.1's ``_finalize_runner_stop``: the last transition ends the episode with ``stop/<reason>`` alone."""
+    last = transitions[-1]
+    metrics = {k: v for k, v in last.metrics.items() if not k.startswith(STOP_METRIC_PREFIX)}
+    metrics[f"{STOP_METRIC_PREFIX}{reason}"] = 1.0
+    transitions[-1] = Transition(last.ob, last.ac, last.reward, True, metrics, last.logs)
+    return Trajectory(transitions=transitions, final_ob=final_ob, stop_reason=reason)
 
 
 def _only_cancellation(failure: BaseException) -> bool:

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Create (or verify) the venv of the skyrl 0.4.0 server that the cookbook suite trains against.
+#
+# Why a second server venv: tinker-cookbook 0.6.1 needs tinker SDK >= 0.26 (0.6.1's rl code uses
+# tinker.PromptProvenanceSpan) and declares >= 0.38; skyrl 0.3.0, the integration suite's server,
+# parses only the JSON that SDK 0.24.x sends. skyrl 0.4.0 parses the protobuf of later SDKs. The
+# client side is the cookbook venv (tests/cookbook/setup_env.sh: tinker 0.38.0 + cookbook 0.6.1 +
+# trio_rl); this venv holds the server alone and does not install trio_rl.
+#
+# skyrl 0.4.0 declares Requires-Python >= 3.12, but its code parses and runs on 3.11 (with the
+# launcher's TypedDict fix, tests/integration/skyrl_server.py), and the CPU torch wheel here is
+# for 3.11 only; so skyrl goes in with --no-deps --ignore-requires-python, and its runtime
+# requirements are named below and pinned by constraints-skyrl04.txt (see its header for the two
+# pins that differ from what skyrl declares).
+#
+# Environment:
+#   SKYRL04_VENV     where to create it (default: <repo>/.skyvenv04; keep it out of git)
+#   SKYRL_PYTHON     the Python 3.11 interpreter to build it from (default: python3.11)
+#
+# Idempotent. Prints "setup_env: install took N s".
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+VENV="${SKYRL04_VENV:-$REPO/.skyvenv04}"
+PYTHON="${SKYRL_PYTHON:-python3.11}"
+CONSTRAINTS="$HERE/constraints-skyrl04.txt"
+
+SKYRL_VERSION="0.4.0"
+SERVER_TINKER_VERSION="0.25.0"
+TORCH_VERSION="2.13.0"
+
+# log and quiet_pip
+. "$REPO/tests/venv_tools.sh"
+
+venv_ready() {
+    [[ -x "$VENV/bin/python" ]] || return 1
+    "$VENV/bin/python" - "$SKYRL_VERSION" "$SERVER_TINKER_VERSION" "$TORCH_VERSION" <<'PY' 2>/dev/null
+import sys
+from importlib import metadata
+
+skyrl_v, tinker_v, torch_v = sys.argv[1:]
+if metadata.version("skyrl") != skyrl_v or metadata.version("tinker") != tinker_v:
+    sys.exit(1)
+if metadata.version("torch").split("+")[0] != torch_v:
+    sys.exit(1)
+for name in ("jax", "flax", "optax", "fastapi", "uvicorn", "sqlmodel", "aiosqlite", "aiohttp", "peft", "transformers"):
+    metadata.version(name)  # raises PackageNotFoundError when missing
+PY
+}
+
+start=$(date +%s)
+if venv_ready; then
+    log "already set up at $VENV"
+else
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || {
+            log "$PYTHON is not Python 3.11 (the CPU torch wheel here is for 3.11)"
+            exit 1
+        }
+        log "creating $VENV"
+        "$PYTHON" -m venv "$VENV"
+    fi
+    # torch on the same command line as peft, so the resolver cannot reach for a CUDA build.
+    log "installing skyrl $SKYRL_VERSION's runtime requirements (tinker==$SERVER_TINKER_VERSION, JAX on CPU)"
+    quiet_pip install --quiet -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "tinker==$SERVER_TINKER_VERSION" \
+        'fastapi[standard]' sqlmodel 'sqlalchemy[asyncio]' aiosqlite asyncpg psycopg2-binary \
+        jax flax optax datasets pillow rich safetensors tokenizers transformers typer peft hf_transfer \
+        cloudpathlib zstandard xxhash psutil aiohttp
+    log "installing skyrl==$SKYRL_VERSION (--no-deps --ignore-requires-python)"
+    quiet_pip install --quiet --no-deps --ignore-requires-python "skyrl==$SKYRL_VERSION"
+    venv_ready || {
+        log "the venv at $VENV does not have the expected versions after install"
+        "$VENV/bin/python" -m pip list 2>/dev/null | grep -iE '^(skyrl|tinker|torch|jax|flax) ' >&2 || true
+        exit 1
+    }
+fi
+"$VENV/bin/python" -c '
+import sys, torch
+if torch.version.cuda is not None:
+    sys.exit(f"torch {torch.__version__} is a CUDA build ({torch.version.cuda}); expected CPU only")
+from importlib import metadata
+print(" ".join(f"{n}=={metadata.version(n)}" for n in ("skyrl", "tinker", "jax", "flax", "torch")))
+' >&2
+log "install took $(( $(date +%s) - start )) s"
