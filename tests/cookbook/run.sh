@@ -8,7 +8,7 @@
 #   3. run pytest on tests/cookbook in the first venv.
 #
 # Exits non-zero if a test fails, if the suite runs past COOKBOOK_TIMEOUT_S
-# (default 600), and if no test passed (a suite that silently collected nothing
+# (default 900), and if no test passed (a suite that silently collected nothing
 # must not look green). Extra arguments go to pytest.
 set -euo pipefail
 
