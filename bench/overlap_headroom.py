@@ -255,10 +255,19 @@ def _cell(values: list[float]) -> str:
 
 
 def report(results: Path) -> str:
-    """Per setting: median [min-max] ms of each measure, sync's and perfect overlap's step, and the speed-ups."""
-    lines = [json.loads(line) for line in results.read_text().splitlines()]
-    machine = [line for line in lines if line["measure"] == "machine"]
-    lines = [line for line in lines if line["measure"] != "machine"]
+    """Per run of ``run`` in the file, per setting: median [min-max] ms of each measure, sync's and a perfect
+    overlap's step, the speed-ups (medians of the per-repetition ratios), and the cores the process got."""
+    runs: list[list[dict[str, Any]]] = []
+    for text in results.read_text().splitlines():
+        line = json.loads(text)
+        if line["measure"] == "machine":
+            runs.append([line])
+        else:
+            runs[-1].append(line)
+    return "\n\n".join(_run_table(run[0], run[1:]) for run in runs if len(run) > 1)
+
+
+def _run_table(machine: dict[str, Any], lines: list[dict[str, Any]]) -> str:
     loads = [line["load"][0] for line in lines]
     rows = [
         "| threads x jobs | reps | sample ms | train ms (publish) | both ms | sync = sample + train | "
@@ -284,10 +293,13 @@ def report(results: Path) -> str:
             f"{_cell(sync)} | {_cell(perfect)} | {median(a / b for a, b in zip(sync, perfect, strict=True)):.2f}x | "
             f"{median(a / b for a, b in zip(sync, both, strict=True)):.2f}x | {cores} | {free:.2f} |"
         )
-    head = [f"{m['date']}: {m['machine']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}" for m in machine]
+    m = machine
     tokens = sorted({(line["tokens_sampled"], line["train_tokens"]) for line in lines})
-    head.append(f"1-minute load average during the measures: {min(loads):.2f}-{max(loads):.2f}")
-    head.append(f"tokens sampled per step / tokens trained per step: {tokens}")
+    head = [
+        f"{m['date']}: {m['machine']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}",
+        f"1-minute load average during the measures: {min(loads):.2f}-{max(loads):.2f}",
+        f"tokens sampled per step / tokens trained per step: {tokens}",
+    ]
     return "\n".join([*head, "", *rows])
 
 
