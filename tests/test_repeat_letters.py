@@ -107,4 +107,5 @@ def test_the_example_runs_async_with_the_default_loss(tmp_path: Path) -> None:
     # No --loss-fn: LocalBackend's async default, token TIS, not the sync loss.
     saved = json.loads((tmp_path / "config.json").read_text())
     assert (saved["async_config"]["loss_fn"], saved["loss_fn_config"]) == ("importance_sampling", {"tis_cap": 2.0})
-    assert all(r["offpolicy/tokens"] > 0 for r in steps)
+    # The corrected loss's statistics (a step whose groups all had one reward trains nothing and logs none).
+    assert any(r.get("offpolicy/tokens", 0) > 0 for r in steps)

@@ -28,7 +28,7 @@ A = TypeVar("A", bound="CommonArgs")
 
 COMMAND_LINE_ASYNC_CONFIG = AsyncConfig(max_steps_off_policy=1, groups_per_batch=8)
 """The AsyncConfig of :class:`CommonArgs`: its fields are the async flags, ``groups_per_batch`` and ``loss_fn`` aside
-(``--groups-per-batch`` and ``--loss-fn`` set those)."""
+(``--groups-per-batch`` sets the one, ``--loss-fn``, where given, the other: see :func:`make_config`)."""
 
 COMMAND_LINE_CONFIG = Config(log_path="runs/example", max_steps=100, save_on_cancel=True)
 """The Config of :class:`CommonArgs`: Config's defaults, plus what a command line needs (a run folder, an
@@ -154,6 +154,10 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     Args:
         args: the parsed flags.
         **overrides: set any field directly.
+
+    In async mode ``AsyncConfig.loss_fn`` is ``--loss-fn`` where the command line gave it, or
+    the example's ``Config.loss_fn`` where that is not Config's default; otherwise it is left at
+    ``None`` (or the example's own ``async_flags`` loss), so the run trains the backend's default.
 
     Raises:
         ConfigError: for a group size or batch below 1, an unknown mode, or invalid
