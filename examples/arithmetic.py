@@ -62,9 +62,6 @@ ALPHABET = "0123456789+="
 CONFIG = Config(
     log_path="runs/arithmetic",
     learning_rate=1e-3,  # a tiny model trained from scratch: ten times Config's fine-tuning rate
-    # Chosen here for every mode: LocalBackend/HFBackend do not train AsyncConfig's default,
-    # tinker-cookbook 0.6.1's stable_reinforce (which needs Tinker); --loss-fn changes it.
-    loss_fn="importance_sampling",
     max_tokens=1,  # one digit (Tinker's tokenizer gets at least 4, see build)
     max_steps=600,
     eval_every=50,

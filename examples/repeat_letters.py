@@ -61,7 +61,6 @@ ALPHABET = "0123456789" + LETTERS + "="
 CONFIG = Config(
     log_path="runs/repeat_letters",
     learning_rate=1e-3,  # a tiny model trained from scratch: ten times Config's fine-tuning rate
-    loss_fn="importance_sampling",
     max_tokens=24,  # room past the longest count, so too long an answer is possible
     max_steps=200,
     eval_every=10,

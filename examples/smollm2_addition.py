@@ -61,9 +61,6 @@ CONFIG = Config(
     base_model="SmolLM2-135M-Instruct",
     learning_rate=2e-4,  # LoRA; 5e-4 collapsed onto one wrong answer in one of two runs
     lora_rank=8,  # on every linear layer (0: full fine-tuning)
-    # Chosen here for every mode: LocalBackend/HFBackend do not train AsyncConfig's default,
-    # tinker-cookbook 0.6.1's stable_reinforce (which needs Tinker); --loss-fn changes it.
-    loss_fn="importance_sampling",
     max_tokens=6,  # a bare number needs 2-3 with end-of-turn
     max_steps=60,
     eval_every=5,

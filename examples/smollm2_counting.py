@@ -4,7 +4,9 @@
     python examples/smollm2_counting.py                 # async, off-policy by one step
 
 The prompt is "Count from a to b, separated by commas. Answer with the numbers
-only." through the model's chat template, with ``a`` from 1 to 20 and the
+only." through the model's chat template, after two worked problems as earlier
+turns (``--few-shot``, on by default: without them the base model's greedy
+answers often run on past ``b`` and never end), with ``a`` from 1 to 20 and the
 span ``b - a`` drawn with probability proportional to ``1 / (span + 1)`` from
 0 to ``--max-span`` (12): most answers are a few numbers, some a dozen, so an
 answer runs from 2 to about 40 tokens with end-of-turn. The model is
@@ -81,6 +83,9 @@ class Args(CommonArgs):
     """b - a is drawn from 0 to this, with probability proportional to 1 / (span + 1)"""
     eval_problems: int = 16
     """problems in the greedy evaluation"""
+    few_shot: bool = True
+    """put two worked problems before each one, as earlier chat turns: the base model's greedy answers then end
+    their turn (without them, 5 of 12 ran past 48 tokens)"""
     num_threads: int = 2
     """torch CPU threads"""
 
@@ -95,16 +100,33 @@ def reward(numbers: Sequence[int], first: int, last: int) -> float:
     return right / max(len(expected), len(numbers))
 
 
-class ChatRenderer:
-    """A problem as chat-template tokens; an answer back to its numbers."""
+SHOTS = ((3, 6), (11, 12))
+"""The worked problems of ``--few-shot``: one answer of several numbers, one of two (one shot, (3, 6) alone,
+made the base model's greedy answers run on further, 10 of 12 past 48 tokens)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+
+def question(first: int, last: int) -> str:
+    """The user's turn for one problem."""
+    return f"Count from {first} to {last}, separated by commas. Answer with the numbers only."
+
+
+class ChatRenderer:
+    """A problem as chat-template tokens, after ``shots`` worked problems as earlier turns; an answer back to its
+    numbers."""
+
+    def __init__(self, tokenizer: Any, shots: Sequence[tuple[int, int]] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop: StopCondition = [int(tokenizer.eos_token_id)]  # <|im_end|>: end of the assistant's turn
+        self.shots: list[dict[str, str]] = []
+        for a, b in shots:
+            self.shots += [
+                {"role": "user", "content": question(a, b)},
+                {"role": "assistant", "content": ", ".join(str(n) for n in range(a, b + 1))},
+            ]
 
     def prompt(self, first: int, last: int) -> tuple[Observation, StopCondition]:
-        text = f"Count from {first} to {last}, separated by commas. Answer with the numbers only."
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        turns = [*self.shots, {"role": "user", "content": question(first, last)}]
+        ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return tinker_types.ModelInput.from_ints(list(ids)), self.stop
 
@@ -226,7 +248,7 @@ def main(argv: Sequence[str] | None = None, **overrides: Any) -> int:
 
     args = parse_args(Args, argv, description=__doc__.splitlines()[0], **overrides)
     # The envs need the tokenizer before the training client exists: load it from the same files.
-    renderer = ChatRenderer(load_tokenizer(resolve_source(args.config.base_model)))
+    renderer = ChatRenderer(load_tokenizer(resolve_source(args.config.base_model)), SHOTS if args.few_shot else ())
     backend = HFBackend(log_dir=args.config.log_path, seed=args.config.seed, num_threads=args.num_threads)
     dataset = CountingDataset(args, renderer, num_batches=4 * args.config.max_steps + 8)
     return run_cli(

@@ -82,9 +82,9 @@ async def test_a_bad_correction_in_the_default_loss_fails_before_any_work(tmp_pa
 
 
 def test_the_command_lines_backend_wrapper_resolves_as_the_backend_it_wraps(tmp_path: Path) -> None:
-    from trio_rl.async_loss import default_async_loss
+    from trio_rl.async_loss import backend_async_loss
     from trio_rl.cli.backend import LazyTokenizer, _BindTokenizer
 
     local = _BindTokenizer(LocalBackend(log_dir=tmp_path / "backend"), LazyTokenizer())
-    assert default_async_loss(local) == ("importance_sampling", {"tis_cap": 2.0})
-    assert default_async_loss(_BindTokenizer(FakeBackend(), LazyTokenizer())) == ("stable_reinforce", None)
+    assert backend_async_loss(local) == ("importance_sampling", {"tis_cap": 2.0})
+    assert backend_async_loss(_BindTokenizer(FakeBackend(), LazyTokenizer())) == ("stable_reinforce", None)

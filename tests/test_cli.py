@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import read_jsonl
-from trio_rl import Config
+from trio_rl import AsyncConfig, Config
 from trio_rl.cli import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, CommonArgs, Reporting, make_config, parse_args, run_cli
 from trio_rl.loop.checkpoints import CheckpointLog
 
@@ -51,6 +51,51 @@ def test_make_config_selects_the_mode(mode: str) -> None:
     if mode == "async":
         assert config.async_config is not None
         assert (config.async_config.staleness, config.async_config.max_steps_off_policy) == ("pace", 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "chosen", "trained"),
+    [
+        ([], None, ("importance_sampling", {"tis_cap": 2.0})),
+        # Named on the command line, even as Config's default: plain importance sampling, no TIS.
+        (["--loss-fn", "importance_sampling"], "importance_sampling", ("importance_sampling", None)),
+        (["--loss_fn=ppo"], "ppo", ("ppo", None)),
+        (["--loss-fn-config", "tis_cap", "3.0"], None, ("importance_sampling", {"tis_cap": 3.0})),
+    ],
+)
+def test_an_async_run_trains_the_backends_default_unless_the_command_line_names_a_loss(
+    tmp_path: Path, flags: list[str], chosen: str | None, trained: tuple[str, dict[str, float] | None]
+) -> None:
+    from trio_rl.async_loss import with_async_loss
+    from trio_rl.backends.local import LocalBackend
+
+    config = make_config(parse_args(ExampleArgs, ["--mode", "async", *flags]))
+    assert config.async_config is not None and config.async_config.loss_fn == chosen
+    resolved = with_async_loss(config, LocalBackend(log_dir=tmp_path))
+    assert (resolved.training_loss_fn(), resolved.loss_fn_config) == trained
+
+
+OWN_ASYNC = AsyncConfig(1, 8, loss_fn="cispo")
+
+
+def test_an_async_run_trains_a_loss_the_example_chose() -> None:
+    # An example's Config.loss_fn other than the default is a choice (in code it would conflict with None).
+    assert make_config(parse_args(ExampleArgs, ["--mode", "async"], loss_fn="ppo")).training_loss_fn() == "ppo"
+
+    @dataclass
+    class OwnAsync(ExampleArgs):
+        async_flags: AsyncConfig = OWN_ASYNC
+
+    assert make_config(parse_args(OwnAsync, ["--mode", "async"])).training_loss_fn() == "cispo"
+    assert make_config(parse_args(OwnAsync, ["--mode", "async", "--loss-fn", "dro"])).training_loss_fn() == "dro"
+
+
+def test_only_flags_before_a_double_dash_count_as_given() -> None:
+    from trio_rl.cli.flags import _flag_given
+
+    assert _flag_given(["--seed", "1", "--loss-fn=ppo"], "loss_fn")
+    assert not _flag_given(["--loss-fn-config", "tis_cap", "2"], "loss_fn")
+    assert not _flag_given(["--", "--loss-fn", "ppo"], "loss_fn")
 
 
 def test_an_unknown_mode_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,7 +98,12 @@ STRUCTURED = NOT_FLAGS
 def flag_names(args: type) -> list[str]:
     """Every flag an example's Args should offer: its own fields, each Config field but the structured ones,
     and each AsyncConfig field but the two other flags set (--groups-per-batch, --loss-fn)."""
-    own = [f.name for f in dataclasses.fields(args) if f.name not in ("config", "async_flags")]
+    # A tyro.conf.Suppress field is no flag: parse_args sets it (loss_fn_on_command_line).
+    own = [
+        f.name
+        for f in dataclasses.fields(args)
+        if f.name not in ("config", "async_flags") and "Suppress[" not in str(f.type)
+    ]
     of_config = [
         {"base_model": "model"}.get(f.name, f.name) for f in dataclasses.fields(Config) if f.name not in STRUCTURED
     ]
@@ -166,7 +171,8 @@ NON_DEFAULT_FLAGS: list[tuple[list[str], str, Any]] = [
     (["--mode", "stream", "--groups-per-batch", "8", "--num-minibatches", "4"], "stream_minibatch_config",
      StreamMinibatchConfig(8, 4)),
     (["--mode", "async", "--max-steps-off-policy", "2", "--staleness", "pace"], "async_config",
-     AsyncConfig(2, 8, "pace", loss_fn="importance_sampling")),
+     AsyncConfig(2, 8, "pace", loss_fn=None)),  # no --loss-fn: the backend's default
+    (["--mode", "async", "--loss-fn", "cispo"], "async_config", AsyncConfig(1, 8, loss_fn="cispo")),
     (["--load-checkpoint-path", "/tmp/state"], "load_checkpoint_path", "/tmp/state"),
     (["--resume"], "resume", True),
     (["--overwrite"], "overwrite", True),

@@ -98,7 +98,7 @@ BEFORE: dict[str, dict[str, Any]] = {
         "log_path": "runs/arithmetic", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 600, "eval_every": 50,
         "save_every": 100, "save_on_cancel": True,
         "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
-                         "loss_fn": "importance_sampling", "inflight_weights": False, "sampling_steps_ahead": None},
+                         "loss_fn": None, "inflight_weights": False, "sampling_steps_ahead": None},
     },
     "guess_number": {
         "log_path": "runs/guess_number", "learning_rate": 2e-3, "loss_fn": "ppo", "max_tokens": 2, "max_steps": 150,
@@ -110,7 +110,7 @@ BEFORE: dict[str, dict[str, Any]] = {
         "log_path": "runs/embedding", "learning_rate": 1e-3, "max_tokens": 1, "max_steps": 1000, "eval_every": 0,
         "save_every": 100, "save_on_cancel": True,
         "async_config": {"type": "AsyncConfig", "max_steps_off_policy": 1, "groups_per_batch": 16, "staleness": "oldest_first",
-                         "loss_fn": "importance_sampling", "inflight_weights": False, "sampling_steps_ahead": None},
+                         "loss_fn": None, "inflight_weights": False, "sampling_steps_ahead": None},
     },
     "smollm2_addition": {
         "log_path": "runs/smollm2_addition", "base_model": "SmolLM2-135M-Instruct", "learning_rate": 2e-4,
@@ -120,7 +120,9 @@ BEFORE: dict[str, dict[str, Any]] = {
 """Each example's Config from no flags when its flags were declared apart from Config (commit 278de5e), but for
 issue 20: the async mode carries the example's loss into AsyncConfig.loss_fn, and rollout_error_tolerance is
 Config's default None (FailFast for these models, as before), and issue 22 adds AsyncConfig.inflight_weights
-(default off), and issue 31 AsyncConfig.sampling_steps_ahead (None once constructed: K is max_steps_off_policy)."""
+(default off), and issue 31 AsyncConfig.sampling_steps_ahead (None once constructed: K is max_steps_off_policy), and
+issue 30: the async mode carries only a chosen loss (guess_number's ppo); Config's default leaves AsyncConfig.loss_fn
+None, the backend's default."""
 
 
 @pytest.mark.parametrize("example", WITH_CONFIG)
@@ -171,7 +173,7 @@ def test_flags_that_redeclare_a_config_field_are_refused() -> None:
 def test_the_mode_flags_build_configs_structured_fields() -> None:
     args = parse_args(CommonArgs, ["--groups-per-batch", "4", "--max-steps-off-policy", "2"])
     config = make_config(args)
-    assert config.async_config == AsyncConfig(2, 4, "oldest_first", loss_fn=config.loss_fn)
+    assert config.async_config == AsyncConfig(2, 4, "oldest_first", loss_fn=None)  # the backend's default
     assert config.rollout_strategy() == FailFast()
     assert make_config(parse_args(CommonArgs, ["--mode", "sync"])).mode == "sync"
     # The command line's own Config: Config's defaults, a run folder, an end, and Ctrl-C saving.

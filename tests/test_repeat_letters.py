@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -103,3 +104,8 @@ def test_the_example_runs_async_with_the_default_loss(tmp_path: Path) -> None:
     assert [r["step"] for r in steps] == [0, 1, 2]
     assert all(0.0 <= r["env/all/reward/total"] <= 1.0 for r in steps)
     assert any("eval/exact" in r for r in records)
+    # No --loss-fn: LocalBackend's async default, token TIS, not the sync loss.
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert (saved["async_config"]["loss_fn"], saved["loss_fn_config"]) == ("importance_sampling", {"tis_cap": 2.0})
+    # The corrected loss's statistics (a step whose groups all had one reward trains nothing and logs none).
+    assert any(r.get("offpolicy/tokens", 0) > 0 for r in steps)

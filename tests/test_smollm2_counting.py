@@ -28,7 +28,11 @@ class DigitsTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return "".join(self.chars[t] for t in tokens)
 
+    def __init__(self) -> None:
+        self.chats: list[list[dict[str, str]]] = []
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        self.chats.append(messages)
         return [1, 2, 3]
 
 
@@ -59,6 +63,23 @@ def test_an_answer_is_rewarded_only_when_it_ends_its_turn() -> None:
     assert step("8, 9, 10, 11", True) == (1.0, {"exact": 1.0, "ended": 1.0})
     assert step("8, 9, 10, 11", False) == (0.0, {"exact": 0.0, "ended": 0.0})
     assert step("8, 9, 11", True)[0] == pytest.approx(2 / 4)
+
+
+def test_few_shot_puts_the_worked_problems_before_the_problem_as_earlier_turns() -> None:
+    counting = load()
+    tokenizer = DigitsTokenizer()
+    trio.run(counting.CountingEnv(8, 11, counting.ChatRenderer(tokenizer, counting.SHOTS)).initial_observation)
+    trio.run(counting.CountingEnv(8, 11, counting.ChatRenderer(tokenizer)).initial_observation)
+    ask = "Count from {} to {}, separated by commas. Answer with the numbers only."
+    worked = [
+        {"role": "user", "content": ask.format(3, 6)},
+        {"role": "assistant", "content": "3, 4, 5, 6"},
+        {"role": "user", "content": ask.format(11, 12)},
+        {"role": "assistant", "content": "11, 12"},
+    ]
+    problem = {"role": "user", "content": ask.format(8, 11)}
+    assert tokenizer.chats == [[*worked, problem], [problem]]
+    assert counting.parse_args(counting.Args, []).few_shot is True
 
 
 def test_spans_have_a_long_tail_proportional_to_one_over_span_plus_one() -> None:

@@ -23,7 +23,7 @@ COOKBOOK_ASYNC_LOSS = "stable_reinforce"
 """tinker-cookbook 0.6.1's ``AsyncConfig.loss_fn`` default, for backends that name none of their own."""
 
 
-def default_async_loss(backend: object) -> tuple[str, dict[str, float] | None]:
+def backend_async_loss(backend: object) -> tuple[str, dict[str, float] | None]:
     """The loss and ``loss_fn_config`` ``backend`` trains async runs with by default.
 
     Args:
@@ -48,7 +48,7 @@ def with_async_loss(config: Config, backend: object) -> Config:
     """
     if config.async_config is None or config.async_config.loss_fn is not None:
         return config
-    loss_fn, loss_fn_config = default_async_loss(backend)
+    loss_fn, loss_fn_config = backend_async_loss(backend)
     return dataclasses.replace(
         config,
         async_config=dataclasses.replace(config.async_config, loss_fn=loss_fn),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ..async_loss import default_async_loss
+from ..async_loss import backend_async_loss
 from ..backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
 from ..config import Config
 from ..errors import ConfigError
@@ -96,7 +96,7 @@ class _BindTokenizer:
             check(loss_fn, loss_fn_config)
 
     def default_async_loss(self) -> tuple[str, dict[str, float] | None]:
-        return default_async_loss(self._inner)
+        return backend_async_loss(self._inner)
 
 
 def make_backend(args: CommonArgs, *, alphabet: str) -> tuple[Backend, LazyTokenizer]:

@@ -9,13 +9,14 @@ which build Config's structured fields; the backend; and what the run shows.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import tyro
 
-from ..config import AsyncConfig, Config, StreamMinibatchConfig
+from ..config import DEFAULT_LOSS_FN, AsyncConfig, Config, StreamMinibatchConfig
 from ..errors import ConfigError
 from ..rl.kl import KLReferenceConfig
 from ..rl.rollouts import ErrorStrategy, FailFast, MinViableGroup, RetryOnFailure
@@ -27,7 +28,7 @@ A = TypeVar("A", bound="CommonArgs")
 
 COMMAND_LINE_ASYNC_CONFIG = AsyncConfig(max_steps_off_policy=1, groups_per_batch=8)
 """The AsyncConfig of :class:`CommonArgs`: its fields are the async flags, ``groups_per_batch`` and ``loss_fn`` aside
-(``--groups-per-batch`` and ``--loss-fn`` set those)."""
+(``--groups-per-batch`` sets the one, ``--loss-fn``, where given, the other: see :func:`make_config`)."""
 
 COMMAND_LINE_CONFIG = Config(log_path="runs/example", max_steps=100, save_on_cancel=True)
 """The Config of :class:`CommonArgs`: Config's defaults, plus what a command line needs (a run folder, an
@@ -95,6 +96,9 @@ class CommonArgs:
     """wandb: offline writes the run under --log-path/wandb (upload later with wandb sync); online uploads live"""
     debug: bool = False
     """on a failure, print the whole traceback (it is always written to error.log in --log-path)"""
+    loss_fn_on_command_line: tyro.conf.Suppress[bool] = False
+    """not a flag: whether --loss-fn was given (parse_args sets it), which an async run trains in place of the
+    backend's default loss"""
 
 
 def parse_args(cls: type[A], argv: Sequence[str] | None = None, *, description: str = "", **defaults: Any) -> A:
@@ -128,7 +132,20 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, *, description: 
     config_defaults = {name: value for name, value in defaults.items() if name in config_names}
     default.config = dataclasses.replace(default.config, **config_defaults)
     with CONFIG_FLAGS:
-        return tyro.cli(cls, args=argv, description=description, default=default)
+        args = tyro.cli(cls, args=argv, description=description, default=default)
+    # tyro returns values, not where they came from; whether the user chose the loss decides an async run's loss.
+    args.loss_fn_on_command_line = _flag_given(sys.argv[1:] if argv is None else argv, "loss_fn")
+    return args
+
+
+def _flag_given(argv: Sequence[str], field: str) -> bool:
+    """Whether ``argv`` sets the field's flag, in each spelling tyro accepts (dashes or underscores, ``=value``)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if token.startswith("--") and token[2:].split("=", 1)[0].replace("-", "_") == field:
+            return True
+    return False
 
 
 def make_config(args: CommonArgs, **overrides: Any) -> Config:
@@ -137,6 +154,10 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     Args:
         args: the parsed flags.
         **overrides: set any field directly.
+
+    In async mode ``AsyncConfig.loss_fn`` is ``--loss-fn`` where the command line gave it, or
+    the example's ``Config.loss_fn`` where that is not Config's default; otherwise it is left at
+    ``None`` (or the example's own ``async_flags`` loss), so the run trains the backend's default.
 
     Raises:
         ConfigError: for a group size or batch below 1, an unknown mode, or invalid
@@ -159,9 +180,14 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
     # The --mode flag picks which of Config's mode sections is set; Config builds the schedule.
     match args.mode:
         case "async":
-            # The loss the example (or --loss-fn) chose, where the cookbook's AsyncConfig would train stable_reinforce.
+            # One --loss-fn serves every mode. Left alone, an async run trains the backend's default
+            # (AsyncConfig.loss_fn=None, as in code); a loss chosen on the command line, or by the
+            # example (Config's default never conflicts, any other loss would), is trained as chosen.
+            chosen = args.loss_fn_on_command_line or config.loss_fn != DEFAULT_LOSS_FN
             structured["async_config"] = dataclasses.replace(
-                args.async_flags, groups_per_batch=args.groups_per_batch, loss_fn=config.loss_fn
+                args.async_flags,
+                groups_per_batch=args.groups_per_batch,
+                loss_fn=config.loss_fn if chosen else args.async_flags.loss_fn,
             )
         case "stream":
             structured["stream_minibatch_config"] = StreamMinibatchConfig(args.groups_per_batch, args.num_minibatches)

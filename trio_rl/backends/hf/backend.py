@@ -14,7 +14,7 @@ from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
 from trio_rl.backends.hf.policy import Policy
 from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, adam_on
-from trio_rl.backends.local.losses import check_loss_fn, default_async_loss
+from trio_rl.backends.local.losses import check_loss_fn, token_tis_loss
 from trio_rl.backends.local.optimizer import AdamState
 from trio_rl.backends.local.runtime import BackendRuntime, EngineSettings, InProcessBackend
 
@@ -121,8 +121,8 @@ class HFBackend(InProcessBackend):
         check_loss_fn(loss_fn, loss_fn_config, backend="HFBackend")
 
     def default_async_loss(self) -> tuple[str, dict[str, float]]:
-        """The loss of ``AsyncConfig(loss_fn=None)`` here: LocalBackend's (:func:`trio_rl.backends.local.losses.default_async_loss`)."""
-        return default_async_loss()
+        """The loss of ``AsyncConfig(loss_fn=None)`` here: LocalBackend's (:func:`trio_rl.backends.local.losses.token_tis_loss`)."""
+        return token_tis_loss()
 
     def _load(self, source: ModelSource) -> _Loaded:
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))

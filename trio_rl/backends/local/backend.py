@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from trio_rl.backends.local.checkpoint import load_checkpoint
-from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn, default_async_loss
+from trio_rl.backends.local.losses import LOSS_FUNCTIONS, check_loss_fn, token_tis_loss
 from trio_rl.backends.local.model import ModelConfig, TransformerLM
 from trio_rl.backends.local.runtime import BackendRuntime, EngineSettings, InProcessBackend
 from trio_rl.backends.local.sampler import LocalSamplingClient, SamplingEngine, frozen_copy
@@ -126,8 +126,8 @@ class LocalBackend(InProcessBackend):
         check_loss_fn(loss_fn, loss_fn_config)
 
     def default_async_loss(self) -> tuple[str, dict[str, float]]:
-        """The loss of ``AsyncConfig(loss_fn=None)`` here (:func:`trio_rl.backends.local.losses.default_async_loss`)."""
-        return default_async_loss()
+        """The loss of ``AsyncConfig(loss_fn=None)`` here (:func:`trio_rl.backends.local.losses.token_tis_loss`)."""
+        return token_tis_loss()
 
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> LocalSamplingClient:
         """A sampling client for the initial weights of ``base_model``, or for the weights at ``model_path``.

@@ -114,8 +114,8 @@ LOSS_FUNCTIONS: dict[str, Callable[[Tensor, Mapping[str, Tensor], Mapping[str, f
 }
 
 
-def default_async_loss() -> tuple[str, dict[str, float]]:
-    """The in-process backends' loss for ``AsyncConfig.loss_fn=None``: ``importance_sampling`` with token TIS.
+def token_tis_loss() -> tuple[str, dict[str, float]]:
+    """``importance_sampling`` with token-level TIS at cap 2: the in-process backends' ``AsyncConfig.loss_fn=None``.
 
     LocalBackend and HFBackend lack the Tinker service's
     ``stable_reinforce``. Truncated importance sampling at ``tis_cap=2.0``
