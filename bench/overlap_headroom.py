@@ -62,10 +62,9 @@ from tinker import types as tinker_types
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from time_to_reward import MODEL  # noqa: E402
-
+from bench.time_to_reward import MODEL  # noqa: E402
 from trio_rl import _tinker_compat  # noqa: E402
 from trio_rl.backends.local import CharTokenizer, LocalBackend  # noqa: E402
 from trio_rl.backends.local.sampler import LocalSamplingClient  # noqa: E402
