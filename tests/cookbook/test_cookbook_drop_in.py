@@ -80,26 +80,30 @@ def records(log_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
 
 
+def arithmetic_cli(recipe: types.ModuleType, log_path: Path, **fields: Any) -> Any:
+    """``recipes/math_rl``'s CLIConfig for two tiny arithmetic steps, saved every step, into ``log_path``."""
+    small = {
+        "renderer_name": "role_colon",
+        "env": "arithmetic",
+        "group_size": 2,
+        "groups_per_batch": 2,
+        "max_tokens": 4,
+        "learning_rate": 1e-3,
+        "loss_fn": "importance_sampling",
+        "max_steps": 2,
+        "eval_every": 0,
+        "save_every": 1,
+        "log_path": str(log_path),
+        "behavior_if_log_dir_exists": "raise",
+    }
+    return recipe.CLIConfig(**{**small, **fields})
+
+
 def test_math_rl_arithmetic_recipe_trains_through_the_drop_in(tmp_path: Path, tiny_model: str) -> None:
     recipe = load_recipe("recipes/math_rl/train.py", tmp_path)
     assert recipe.main is drop_in.main and recipe.AsyncConfig is drop_in.AsyncConfig
     log_path = tmp_path / "run"
-    cli = recipe.CLIConfig(
-        model_name=tiny_model,
-        renderer_name="role_colon",
-        env="arithmetic",
-        group_size=2,
-        groups_per_batch=2,
-        max_tokens=4,
-        learning_rate=1e-3,
-        loss_fn="importance_sampling",
-        lora_rank=4,
-        max_steps=2,
-        eval_every=0,
-        save_every=1,
-        log_path=str(log_path),
-        behavior_if_log_dir_exists="raise",
-    )
+    cli = arithmetic_cli(recipe, log_path, model_name=tiny_model, lora_rank=4)
     run_main(recipe.cli_main(cli))  # the recipe's cli_main returns None, as 0.6.1's main does
     steps = [r for r in records(log_path) if "progress/groups" in r]
     assert [r["step"] for r in steps] == [0, 1]

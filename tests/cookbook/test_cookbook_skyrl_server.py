@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cookbook.test_cookbook_drop_in import load_recipe, records
+from tests.cookbook.test_cookbook_drop_in import arithmetic_cli, load_recipe, records
 from trio_rl.cookbook import train as drop_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # skyrl_server imports tiny_model
@@ -63,23 +63,7 @@ def test_math_rl_recipe_trains_through_the_drop_in_against_skyrl(
     recipe = load_recipe("recipes/math_rl/train.py", tmp_path)
     assert recipe.main is drop_in.main
     log_path = tmp_path / "run"
-    cli = recipe.CLIConfig(
-        model_name=server.base_model,
-        base_url=server.base_url,
-        renderer_name="role_colon",
-        env="arithmetic",
-        group_size=2,
-        groups_per_batch=2,
-        max_tokens=4,
-        learning_rate=1e-3,
-        loss_fn="importance_sampling",
-        lora_rank=8,
-        max_steps=2,
-        eval_every=0,
-        save_every=1,
-        log_path=str(log_path),
-        behavior_if_log_dir_exists="raise",
-    )
+    cli = arithmetic_cli(recipe, log_path, model_name=server.base_model, base_url=server.base_url, lora_rank=8)
     before = posts(server)
 
     async def bounded() -> None:
