@@ -258,4 +258,5 @@ def drop_last(spans: list[Any]) -> list[Any]:
 
 def with_provenance(datum: tinker_types.Datum, model_input: list[Any], loss_fn_inputs: list[Any]) -> tinker_types.Datum:
     """``datum`` carrying provenance spans (validated by the SDK against the Datum's lengths)."""
-    return datum.with_provenance(model_input=model_input, loss_fn_inputs=loss_fn_inputs)  # type: ignore[attr-defined]
+    # tinker 0.24.1's Datum has no with_provenance (the call is then Any); 0.38's has it, typed.
+    return datum.with_provenance(model_input=model_input, loss_fn_inputs=loss_fn_inputs)  # type: ignore[attr-defined, no-any-return]

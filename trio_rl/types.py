@@ -298,7 +298,9 @@ def _as_chz_class(cls: type[Any]) -> type[Any]:
         import chz  # pyright: ignore[reportMissingImports]  (optional: present where cookbook code runs)
     except ImportError:
         return cls
-    return chz.chz(cls)  # type: ignore[no-any-return]
+    # Through a typed name: chz is typed where it is installed and Any where it is not.
+    chz_class: type[Any] = chz.chz(cls)
+    return chz_class
 
 
 RLDatasetBuilder = _as_chz_class(RLDatasetBuilder)  # type: ignore[misc]
