@@ -13,25 +13,30 @@ import sys
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
 import trio
 from tinker import types as tinker_types
 from tinker_cookbook.completers import MessageCompleter
 from tinker_cookbook.preference.types import Comparison, PreferenceModel
 from tinker_cookbook.renderers import Message, get_renderer
+from tinker_cookbook.rl import types as cookbook_types
+from tinker_cookbook.tokenizer_utils import Tokenizer
 
 from trio_rl import AsyncConfig, Config, StreamMinibatchConfig, TrainResult, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.backends.local import CharTokenizer
 from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient, FakeTrainingClient
-from trio_rl.types import EnvGroupBuilder, RLDataset
+from trio_rl.testing.service import FakeService
+from trio_rl.types import Env, RLDataset
 
 ALPHABET = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
 """Printable ASCII and newline: every prompt the recipes build here."""
 
 TOKENIZER = CharTokenizer(ALPHABET)
-RENDERER = get_renderer("role_colon", TOKENIZER)
+# The cookbook types a tokenizer as transformers' PreTrainedTokenizer; the role_colon renderer
+# calls only encode, decode, eos_token_id and bos_token, which CharTokenizer has.
+RENDERER = get_renderer("role_colon", cast(Tokenizer, TOKENIZER))
 
 RUN_TIMEOUT_S = 120.0
 """Wall-clock seconds one small run may take before it counts as hung."""
@@ -92,14 +97,34 @@ def run_training(
     return trio.run(main)
 
 
-class ListDataset(RLDataset):
-    """Batches of ``batch_size`` builders, in order (the cookbook's dataset builders would download)."""
+@overload
+def as_trio_rl(value: cookbook_types.RLDataset) -> RLDataset: ...
 
-    def __init__(self, builders: Sequence[EnvGroupBuilder], batch_size: int) -> None:
+
+@overload
+def as_trio_rl(value: cookbook_types.Env) -> Env: ...
+
+
+def as_trio_rl(value: object) -> object:
+    """A cookbook dataset or env, unchanged, typed as the trio_rl class a trio_rl signature names.
+
+    trio_rl reads the cookbook's objects by the names and fields trio_rl.types mirrors, so they
+    run unchanged (what this suite tests); but the cookbook's classes do not subclass trio_rl's,
+    and the methods' parameters name each side's own Trajectory, so to the type checker the two
+    are unrelated. The tests cross only these two: a dataset into ``trio_rl.train``, an env into
+    ``do_single_rollout``.
+    """
+    return value
+
+
+class ListDataset(cookbook_types.RLDataset):
+    """The cookbook's builders in batches of ``batch_size``, in order (its dataset builders would download)."""
+
+    def __init__(self, builders: Sequence[cookbook_types.EnvGroupBuilder], batch_size: int) -> None:
         self.builders = list(builders)
         self.batch_size = batch_size
 
-    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+    def get_batch(self, index: int) -> Sequence[cookbook_types.EnvGroupBuilder]:
         return self.builders[index * self.batch_size : (index + 1) * self.batch_size]
 
     def __len__(self) -> int:
@@ -110,7 +135,7 @@ class ListDataset(RLDataset):
 
 
 class _ScriptedSamplingClient(FakeSamplingClient):
-    def __init__(self, backend: FakeBackend, version: int, model_path: str | None, reply: str) -> None:
+    def __init__(self, backend: FakeService, version: int, model_path: str | None, reply: str) -> None:
         super().__init__(backend, version, model_path)
         self._reply = TOKENIZER.encode(reply)
 
@@ -128,7 +153,9 @@ class _ScriptedSamplingClient(FakeSamplingClient):
 class _ScriptedTrainingClient(FakeTrainingClient):
     reply = ""
 
-    async def save_weights_for_sampler(self, name: str) -> FakeSamplingClient:
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> FakeSamplingClient:
+        if inflight:
+            raise NotImplementedError("the scripted sampler replays a snapshot only")
         plain = await super().save_weights_for_sampler(name)
         return _ScriptedSamplingClient(self._backend, plain.version, plain.model_path, self.reply)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -27,6 +27,7 @@ from tinker_cookbook.rl.message_env import EnvFromMessageEnv
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 from tinker_cookbook.rl.preference_envs import PairwisePreferenceGroupBuilder, TournamentPattern
 from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
+from tinker_cookbook.rl.types import Env, EnvGroupBuilder
 
 from tests.cookbook.cookbook_fixtures import (
     MODE_NAMES,
@@ -37,12 +38,12 @@ from tests.cookbook.cookbook_fixtures import (
     ScoringGrader,
     ScriptedBackend,
     YesNoAnswerer,
+    as_trio_rl,
     install_stub_textarena,
     run_training,
 )
 from trio_rl import DualSamplingClient, TrainResult
 from trio_rl.backends.local import LocalBackend, ModelConfig
-from trio_rl.types import Env, EnvGroupBuilder
 
 WORDS = ["apple", "river", "orange", "stone", "island", "cloud"]
 
@@ -132,7 +133,7 @@ class GSM8KGroupBuilder(EnvGroupBuilder):
 
     async def make_envs(self) -> list[Env]:
         return [
-            EnvFromMessageEnv(  # type: ignore[misc]
+            EnvFromMessageEnv(
                 RENDERER,
                 GSM8KMessageEnv(self.question, self.expected),
                 max_trajectory_tokens=self.max_trajectory_tokens,
@@ -234,6 +235,7 @@ def test_rl_test_set_evaluator(tmp_path: Path, mode: str) -> None:
 def test_arithmetic_on_local_backend_with_a_cookbook_renderer(tmp_path: Path) -> None:
     """The renderer is built over LocalBackend's own tokenizer; the model really samples and trains."""
     from tinker_cookbook.renderers import get_renderer
+    from tinker_cookbook.tokenizer_utils import Tokenizer
 
     holder: dict[str, Any] = {}
 
@@ -244,11 +246,12 @@ def test_arithmetic_on_local_backend_with_a_cookbook_renderer(tmp_path: Path) ->
         with trio.fail_after(300):
             async with backend:
                 probe = await backend.create_training_client(base_model="tiny")
-                renderer = get_renderer("role_colon", await probe.get_tokenizer())
+                # As cookbook_fixtures.RENDERER's: role_colon needs only what trio_rl's tokenizers have.
+                renderer = get_renderer("role_colon", cast(Tokenizer, await probe.get_tokenizer()))
                 holder["renderer"] = renderer
                 dataset = ArithmeticDataset(batch_size=2, renderer=renderer, group_size=2, n_batches=2)
                 config = Config(log_path=tmp_path / "run", eval_every=0, save_every=0, max_tokens=6, learning_rate=1e-3)
-                return await train(config, dataset=dataset, backend=backend)
+                return await train(config, dataset=as_trio_rl(dataset), backend=backend)
 
     result = trio.run(main)
     assert_trained(result, 2, 4, fake_backend=False)

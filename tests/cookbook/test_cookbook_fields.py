@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import chz
 import pytest
@@ -21,6 +21,7 @@ from tinker_cookbook.rl.rollout_strategy import RetryOnFailure as CookbookRetryO
 
 import trio_rl
 from trio_rl import ConfigError
+from trio_rl.backends.protocol import SamplingClient, TrainingClient
 from trio_rl.cookbook import fields
 from trio_rl.cookbook import train as drop_in
 
@@ -49,8 +50,19 @@ class UntouchableBackend:
     async def __aexit__(self, *exc: object) -> None:
         self.calls.append("exit")
 
-    async def create_training_client(self, **kwargs: Any) -> Any:
-        self.calls.append("create_training_client")
+    async def create_training_client(
+        self, *, base_model: str, lora_rank: int = 32, seed: int | None = None
+    ) -> TrainingClient:
+        return self._refuse("create_training_client")
+
+    async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> TrainingClient:
+        return self._refuse("create_training_client_from_state")
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
+        return self._refuse("create_sampling_client")
+
+    def _refuse(self, call: str) -> NoReturn:
+        self.calls.append(call)
         raise AssertionError("a backend call for a configuration that should have been refused")
 
 

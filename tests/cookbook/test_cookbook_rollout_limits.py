@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import pytest
 import tinker
+from tinker_cookbook.completers import StopCondition, TokenCompleter
 from tinker_cookbook.completers import TokensWithLogprobs as CookbookTokens
 from tinker_cookbook.renderers import Message, get_renderer
 from tinker_cookbook.rl import rollouts as cookbook_rollouts
@@ -31,7 +32,14 @@ from tinker_cookbook.rl.rollout_presets import RolloutConfig, agentic
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.tool_use import ToolResult, build_agent_tool_env, simple_tool_result, tool
 
-from tests.cookbook.test_cookbook_tool_use import ToolCallingBackend, ToolDataset, ToolDatasetBuilder, ToolGroupBuilder
+from tests.cookbook.cookbook_fixtures import as_trio_rl
+from tests.cookbook.test_cookbook_tool_use import (
+    Calculator,
+    ToolCallingBackend,
+    ToolDataset,
+    ToolDatasetBuilder,
+    ToolGroupBuilder,
+)
 from tests.integration.tiny_model import build_tiny_model
 from trio_rl import ConfigError
 from trio_rl.asyncio_bridge import open_user_code_runner
@@ -76,13 +84,15 @@ class Script:
         return list(self.tokenizer.encode(chosen, add_special_tokens=False))
 
 
-class CookbookCompleter:
+class CookbookCompleter(TokenCompleter):
     """0.6.1's side: a TokenCompleter."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
 
-    async def __call__(self, model_input: tinker.ModelInput, stop: Any, *, max_tokens: int | None = None) -> Any:
+    async def __call__(
+        self, model_input: tinker.ModelInput, stop: StopCondition, *, max_tokens: int | None = None
+    ) -> CookbookTokens:
         tokens = self.script.reply(model_input)
         return CookbookTokens(tokens=tokens, maybe_logprobs=[-0.5] * len(tokens), stop_reason="stop")
 
@@ -115,7 +125,7 @@ def both_sides(tokenizer: Any, first: str, **env_options: Any) -> tuple[Any, Any
     async def ours_in_trio() -> Any:
         env = build_agent_tool_env(renderer, [add], QUESTION, reward, **env_options)
         async with open_user_code_runner("auto"):
-            return await do_single_rollout(OurPolicy(script), env)
+            return await do_single_rollout(OurPolicy(script), as_trio_rl(env))
 
     async def ours() -> Any:
         return await asyncio.wait_for(run_as_guest(ours_in_trio), TIMEOUT_S)
@@ -166,10 +176,10 @@ class LimitedGroupBuilder(ToolGroupBuilder):
 
 def test_token_budgets_in_the_envs_rollout_limits_are_refused_in_one_line(tmp_path: Path, tokenizer: Any) -> None:
     renderer = get_renderer("qwen3_disable_thinking", tokenizer)
-    builder = LimitedGroupBuilder(renderer, calculator=None)
+    builder = LimitedGroupBuilder(renderer, calculator=Calculator())  # unused: its envs call this module's add
     config = cookbook.Config(
         learning_rate=1e-4,
-        dataset_builder=ToolDatasetBuilder(ToolDataset(builder)),
+        dataset_builder=ToolDatasetBuilder(dataset=ToolDataset(builder)),
         model_name="tiny-qwen3",
         recipe_name="recipe_rollout_limits_test",
         max_tokens=64,

@@ -63,7 +63,7 @@ def test_trio_rl_resumes_a_run_folder_the_cookbook_wrote(tmp_path: Path) -> None
     asyncio.run(
         checkpoint_utils.save_checkpoint_async(
             _CookbookTrainingClient(), "000002", str(tmp_path), loop_state, kind="both"
-        )  # type: ignore[arg-type]
+        )
     )
     (row,) = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
     assert "cursor" not in row

@@ -17,17 +17,14 @@ import asyncio
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cookbook.test_cookbook_drop_in import arithmetic_cli, load_recipe, records
+from tests.integration.skyrl_server import SkyRLServer, running_server
 from trio_rl.cookbook import train as drop_in
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # skyrl_server imports tiny_model
-from skyrl_server import SkyRLServer, running_server
 
 SERVER_PYTHON_VARIABLE = "COOKBOOK_SKYRL_PYTHON"
 

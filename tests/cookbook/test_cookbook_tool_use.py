@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+import chz
 import pytest
 import trio
 from tinker import types as tinker_types
 from tinker_cookbook.renderers import Message, get_renderer
 from tinker_cookbook.rl import train as cookbook
-from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.tool_use import ToolResult, build_agent_tool_env, simple_tool_result, tool
 
@@ -126,9 +127,9 @@ class ToolDataset(RLDataset):
         return 1
 
 
-class ToolDatasetBuilder:
-    def __init__(self, dataset: ToolDataset) -> None:
-        self.dataset = dataset
+@chz.chz
+class ToolDatasetBuilder(RLDatasetBuilder):
+    dataset: ToolDataset
 
     async def __call__(self) -> tuple[RLDataset, None]:
         return self.dataset, None
@@ -144,7 +145,7 @@ def test_one_tool_use_rollout_runs_end_to_end_through_the_drop_in(tmp_path: Path
     renderer = get_renderer("qwen3_disable_thinking", tokenizer)
     config = cookbook.Config(
         learning_rate=1e-4,
-        dataset_builder=ToolDatasetBuilder(ToolDataset(ToolGroupBuilder(renderer, calculator))),
+        dataset_builder=ToolDatasetBuilder(dataset=ToolDataset(ToolGroupBuilder(renderer, calculator))),
         model_name="tiny-qwen3",
         recipe_name="recipe_tool_use_test",
         max_tokens=64,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import skyrl_server` / `tiny_model`
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests import skyrl_server and bounded by bare name
 
 from skyrl_server import DUMMY_API_KEY, SkyRLServer, running_server
 

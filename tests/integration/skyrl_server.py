@@ -142,7 +142,7 @@ def _add_sample_sequence_ids(api: Any) -> None:
     route = next(r for r in api.app.router.routes if getattr(r, "path", "") == "/api/v1/asample")
     api.app.router.routes.remove(route)
 
-    class FutureWithSequenceIds(api.FutureResponse):  # type: ignore[misc,name-defined]
+    class FutureWithSequenceIds(api.FutureResponse):  # type: ignore[misc]
         sample_sequence_ids: list[str] | None = None
 
     session_dependency = Depends(api.get_session)
@@ -511,7 +511,9 @@ def running_server(
     Raises:
         ServerStartError: if the server does not become ready.
     """
-    from tiny_model import build_tiny_model  # sibling module; needs torch + transformers
+    # Under the name the other suites import it by (pytest runs from the repository root), so it
+    # is one module, and one to the type checker. Needs torch and transformers.
+    from tests.integration.tiny_model import build_tiny_model
 
     own_workdir = workdir is None
     # A 3-deep absolute path like /tmp/trio_rl_skyrl_xxx/tiny-qwen3 never has
