@@ -61,7 +61,7 @@ class ArithmeticEnv(trio_rl.Env):
     async def initial_observation(self) -> tuple[trio_rl.Observation, trio_rl.StopCondition]:
         return tinker_types.ModelInput.from_ints(self.prompt), self.stop
 
-    async def step(self, action: trio_rl.Action) -> trio_rl.StepResult:
+    async def step(self, action: trio_rl.Action, *, extra: trio_rl.ActionExtra | None = None) -> trio_rl.StepResult:
         text = self.tokenizer.decode(action)
         correct = str(self.answer) in text
         # Shaping, so that a random model's group rewards differ and advantages are nonzero.
@@ -177,9 +177,9 @@ class RecordingTrainingClient:
     async def optim_step(self, adam_params: tinker_types.AdamParams) -> PendingResult[tinker_types.OptimStepResponse]:
         return await self.inner.optim_step(adam_params)
 
-    async def save_weights_for_sampler(self, name: str) -> SamplingClient:
+    async def save_weights_for_sampler(self, name: str, *, inflight: bool = False) -> SamplingClient:
         self.recorder.sampler_names.append(name)
-        client = await self.inner.save_weights_for_sampler(name)
+        client = await self.inner.save_weights_for_sampler(name, inflight=inflight)
         return RecordingSamplingClient(client, name, self.recorder.samples)
 
     async def save_state(self, name: str) -> str:
@@ -221,6 +221,9 @@ class RecordingBackend:
         self.created.append(("from_state", (path, with_optimizer)))
         inner = await self.inner.create_training_client_from_state(path, with_optimizer=with_optimizer)
         return RecordingTrainingClient(inner, self)
+
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
+        return await self.inner.create_sampling_client(base_model=base_model, model_path=model_path)
 
 
 # --------------------------------------------------------------------------- helpers
