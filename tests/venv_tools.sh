@@ -12,3 +12,18 @@ quiet_pip() {
     "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "WARNING: Location" || true; } || status=$?
     return "$status"
 }
+
+# The requirement pyproject.toml's lint extra names for a package ("mypy>=1.11"): a suite that
+# type-checks in its own venv installs the checker .ci/lint installs. Needs REPO and VENV.
+lint_requirement() {
+    "$VENV/bin/python" - "$REPO/pyproject.toml" "$1" <<'PY'
+import re
+import sys
+import tomllib
+
+with open(sys.argv[1], "rb") as file:
+    lint = tomllib.load(file)["project"]["optional-dependencies"]["lint"]
+(requirement,) = [r for r in lint if re.split(r"[\s<>=!~\[;]", r, maxsplit=1)[0] == sys.argv[2]]
+print(requirement)
+PY
+}

@@ -2,7 +2,8 @@
 # Create (or verify) the virtual environment for the tinker-cookbook suite.
 #
 # It holds tinker-cookbook 0.6.1 next to trio_rl (editable, from this checkout), and
-# peft, which HFBackend needs to train the recipes of test_cookbook_drop_in.py.
+# peft, which HFBackend needs to train the recipes of test_cookbook_drop_in.py, and the
+# mypy of pyproject's lint extra, which run.sh checks tests/cookbook with against these packages.
 # The cookbook declares tml-renderers>=0.4.1, which the package index here does
 # not have; its RL code never imports it, so the cookbook goes in with --no-deps
 # and its other runtime requirements are named one by one below.
@@ -41,7 +42,7 @@ for name, version in {"tinker-cookbook": cookbook_v, "tinker": tinker_v, "trio-a
         sys.exit(1)
 if metadata.version("torch").split("+")[0] != torch_v:
     sys.exit(1)
-for name in ("math-verify", "pylatexenc", "transformers", "tokenizers", "peft", "pytest", "pytest-trio"):
+for name in ("math-verify", "pylatexenc", "transformers", "tokenizers", "peft", "pytest", "pytest-trio", "mypy"):
     metadata.version(name)
 import trio_rl
 if not Path(trio_rl.__file__).resolve().is_relative_to(Path(repo).resolve()):
@@ -64,9 +65,9 @@ else
         aiohttp anyio blobfile chz cloudpickle datasets huggingface-hub numpy pillow pydantic pyrage \
         rich safetensors termcolor tiktoken tqdm 'transformers>=4.57.6,!=5.3.0,!=5.4.*,!=5.5.*,!=5.6.*' \
         math-verify pylatexenc 'peft>=0.17'
-    log "installing trio_rl (editable) with trio-asyncio and the test runner"
+    log "installing trio_rl (editable) with trio-asyncio, the test runner and the type checker"
     quiet_pip install --quiet "torch==$TORCH_VERSION" "tinker==$TINKER_VERSION" \
-        "trio-asyncio==$TRIO_ASYNCIO_VERSION" -e "$REPO[test]"
+        "trio-asyncio==$TRIO_ASYNCIO_VERSION" "$(lint_requirement mypy)" -e "$REPO[test]"
     venv_ready || {
         log "the venv at $VENV does not have the expected versions after install"
         "$VENV/bin/python" -m pip list 2>/dev/null | grep -iE '^(tinker|tinker-cookbook|torch|trio|trio-asyncio) ' >&2 || true
@@ -75,6 +76,6 @@ else
 fi
 "$VENV/bin/python" -c '
 from importlib import metadata
-print(" ".join(f"{n}=={metadata.version(n)}" for n in ("tinker-cookbook", "tinker", "trio", "trio-asyncio", "transformers", "torch")))
+print(" ".join(f"{n}=={metadata.version(n)}" for n in ("tinker-cookbook", "tinker", "trio", "trio-asyncio", "transformers", "torch", "mypy")))
 ' >&2
 log "install took $(( $(date +%s) - start )) s"

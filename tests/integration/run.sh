@@ -2,12 +2,13 @@
 # The one entry point for the integration tests (called by .ci/run).
 #
 #   1. set up (or reuse) the integration venv: skyrl 0.3.0 server + trio_rl on tinker 0.24.1;
-#   2. run TinkerBackend's unit tests in that venv (proves the 0.24.1 end of the supported range);
-#   3. run `pytest -m integration tests/integration` against a real SkyRL server,
+#   2. type-check tests/integration with mypy --strict in that venv (skyrl, tinker 0.24.1);
+#   3. run TinkerBackend's unit tests in that venv (proves the 0.24.1 end of the supported range);
+#   4. run `pytest -m integration tests/integration` against a real SkyRL server,
 #      which the session fixture starts and always stops.
 #
-# Exits non-zero if anything fails, and also if a stage ran no test at all (a
-# silently skipped suite must not look green).
+# Exits non-zero if anything fails (mypy included; the tests run even when it fails), and
+# also if a stage ran no test at all (a silently skipped suite must not look green).
 #
 # Environment: SKYRL_VENV (see setup_env.sh), SKYRL_KEEP_WORKDIR=1 (keep server
 # log/model/db), INTEGRATION_TIMEOUT_S (default 900: hard cap on the server tests),
@@ -79,6 +80,17 @@ PY
         status=1
     fi
 }
+
+# The files here import each other by bare name (conftest puts this folder on sys.path), hence
+# MYPYPATH. What they import is read for its types, not reported (--follow-imports=silent): .ci/lint
+# checks trio_rl in the venv that has its extras (this one has other peft and transformers, no wandb),
+# and tiny_model, which every suite imports as tests.integration.tiny_model (so not by its bare name here).
+echo "=== mypy: --strict tests/integration" >&2
+mypy_start=$(date +%s) mypy_rc=0
+MYPYPATH="$HERE" "$VENV/bin/python" -m mypy --strict --follow-imports=silent --cache-dir "$VENV/.mypy_cache" \
+    tests/integration --exclude 'tests/integration/tiny_model\.py$' || mypy_rc=$?
+summary+=("mypy: exit $mypy_rc in $(( $(date +%s) - mypy_start )) s")
+[[ $mypy_rc -eq 0 ]] || status=1
 
 run_stage tinker-unit 300 -q tests/test_tinker_*.py
 run_stage integration "$TIMEOUT_S" -m integration -v tests/integration "$@"

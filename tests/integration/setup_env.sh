@@ -4,7 +4,8 @@
 # One venv holds both sides:
 #   * the server: skyrl[tinker,jax]==0.3.0 (SkyRL's Tinker-API server, JAX on CPU);
 #   * the client: trio_rl itself (editable, from this checkout) running on
-#     tinker==0.24.1, the newest SDK that still speaks JSON to skyrl 0.3.0.
+#     tinker==0.24.1, the newest SDK that still speaks JSON to skyrl 0.3.0;
+#   * the mypy of pyproject's lint extra, which run.sh checks tests/integration with.
 #
 # Environment:
 #   SKYRL_VENV       where to create it (default: <repo>/.skyvenv; keep it out of git)
@@ -45,7 +46,7 @@ for name, version in want.items():
         sys.exit(1)
 if metadata.version("torch").split("+")[0] != torch_v:
     sys.exit(1)
-for name in ("trio", "outcome", "safetensors", "pytest", "pytest-trio", "hypothesis"):
+for name in ("trio", "outcome", "safetensors", "pytest", "pytest-trio", "hypothesis", "mypy"):
     metadata.version(name)  # raises PackageNotFoundError when missing
 import trio_rl
 if not Path(trio_rl.__file__).resolve().is_relative_to(Path(repo).resolve()):
@@ -92,9 +93,9 @@ else
 
     # The client side: trio_rl from this checkout, without letting its own
     # (wider) dependency ranges move tinker or torch.
-    log "installing trio_rl (editable) and the test runner"
+    log "installing trio_rl (editable), the test runner and the type checker"
     quiet_pip install --quiet "${constraint_args[@]}" \
-        trio outcome safetensors pytest pytest-trio hypothesis
+        trio outcome safetensors pytest pytest-trio hypothesis "$(lint_requirement mypy)"
     quiet_pip install --quiet --no-deps -e "$REPO"
 
     venv_ready || {
@@ -107,6 +108,6 @@ fi
 check_torch_cpu
 "$VENV/bin/python" -c '
 from importlib import metadata
-print(" ".join(f"{n}=={metadata.version(n)}" for n in ("skyrl", "tinker", "jax", "trio", "pytest")))
+print(" ".join(f"{n}=={metadata.version(n)}" for n in ("skyrl", "tinker", "jax", "trio", "pytest", "mypy")))
 ' >&2
 log "install took $(( $(date +%s) - start )) s"
