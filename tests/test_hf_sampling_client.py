@@ -6,6 +6,7 @@ evaluation a resumed run still owes; both are run here through ``train`` too.
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.integration.tiny_model import TinyModel
 from tests.test_hf_learning import EvenTokensDataset
 from trio_rl import Config, KLReferenceConfig, train
 from trio_rl.backends.protocol import SamplingClient
+from trio_rl.base.jsonl import RunFolderWarning
 from trio_rl.loop.checkpoints import CheckpointLog
 
 ADAM = tinker_types.AdamParams(learning_rate=5e-2)
@@ -148,29 +150,30 @@ class _ScoreOrHang:
         return {"test/scored": 1.0}
 
 
-async def test_a_resumed_hf_run_runs_the_evaluation_it_owed_on_that_steps_weights(
-    tmp_path: Path, tiny_model: TinyModel
-) -> None:
-    def config(**extra: object) -> Config:
-        return Config(
-            log_path=tmp_path / "run",
-            base_model=tiny_model.path,
-            lora_rank=4,
-            learning_rate=5e-2,
-            max_tokens=4,
-            max_steps=4,
-            eval_every=2,
-            save_every=2,
-            save_on_cancel=True,
-            seed=0,
-            **extra,  # type: ignore[arg-type]
-        )
+def _owing_config(tmp_path: Path, model: TinyModel, save_every: int, **extra: object) -> Config:
+    return Config(
+        log_path=tmp_path / "run",
+        base_model=model.path,
+        lora_rank=4,
+        learning_rate=5e-2,
+        max_tokens=4,
+        max_steps=6,
+        eval_every=2,
+        save_every=save_every,
+        save_on_cancel=True,
+        seed=0,
+        **extra,  # type: ignore[arg-type]
+    )
 
+
+async def _cancel_owing_step_2(tmp_path: Path, model: TinyModel, save_every: int) -> str:
+    """Run until step 3's record with step 2's evaluation hanging, then cancel; the owed sampler path."""
     hang = _ScoreOrHang(hang_on=1)  # step 0's evaluation runs; step 2's never ends
+    config = _owing_config(tmp_path, model, save_every)
     with trio.fail_after(120):
         async with backend(tmp_path / "hf") as be, trio.open_nursery() as nursery:
             handle = await nursery.start(
-                partial(train, config(), dataset=EvenTokensDataset(), backend=be, evaluators=(hang,))
+                partial(train, config, dataset=EvenTokensDataset(), backend=be, evaluators=(hang,))
             )
             async for record in handle.metrics:
                 if record.get("step") == 3 and "env/all/reward/total" in record:
@@ -179,12 +182,19 @@ async def test_a_resumed_hf_run_runs_the_evaluation_it_owed_on_that_steps_weight
     assert saved is not None and saved.reason == "cancelled" and saved.step >= 3
     ((owed_step, owed_path),) = saved.owed_evaluations
     assert owed_step == 2 and owed_path is not None
-    (step_2,) = [c for c in CheckpointLog(tmp_path / "run").all() if c.step == 2]
+    return owed_path
 
+
+async def test_a_resumed_hf_run_runs_the_evaluation_it_owed_on_that_steps_weights(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    owed_path = await _cancel_owing_step_2(tmp_path, tiny_model, save_every=2)
+    (step_2,) = [c for c in CheckpointLog(tmp_path / "run").all() if c.step == 2]
     scorer = _ScoreOrHang()
     with trio.fail_after(120):
         async with backend(tmp_path / "hf") as be:
-            await train(config(resume=True), dataset=EvenTokensDataset(), backend=be, evaluators=(scorer,))
+            config = _owing_config(tmp_path, tiny_model, 2, resume=True)
+            await train(config, dataset=EvenTokensDataset(), backend=be, evaluators=(scorer,))
             # Step 2's weights, from the state saved then, as a training client's own sampler.
             trainer = await be.create_training_client_from_state(step_2.state_path)
             want = await (await trainer.save_weights_for_sampler("check")).compute_logprobs(SEQUENCE)
@@ -192,3 +202,20 @@ async def test_a_resumed_hf_run_runs_the_evaluation_it_owed_on_that_steps_weight
     assert scorer.paths[0] == owed_path
     _assert_same(scorer.scored[0], want)
     assert len(scorer.scored) >= 2 and scorer.scored[-1][1:] != pytest.approx(want[1:], abs=1e-4)
+
+
+async def test_an_owed_evaluation_whose_sampler_folder_is_gone_is_named_and_the_resume_goes_on(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    # No state was saved at step 2, so its sampler folder went with its last client.
+    owed_path = await _cancel_owing_step_2(tmp_path, tiny_model, save_every=4)
+    assert not await trio.Path(owed_path).exists()
+    scorer = _ScoreOrHang()
+    with (
+        trio.fail_after(120),
+        pytest.warns(RunFolderWarning, match=f"step 2 .*its weights are gone .*{re.escape(owed_path)}"),
+    ):
+        async with backend(tmp_path / "hf") as be:
+            config = _owing_config(tmp_path, tiny_model, 4, resume=True)
+            result = await train(config, dataset=EvenTokensDataset(), backend=be, evaluators=(scorer,))
+    assert result.final_step == 6 and owed_path not in scorer.paths and scorer.scored
