@@ -53,9 +53,25 @@ with tempfile.TemporaryDirectory() as tmp:
 """
 
 
+def _cell_code(steps: int, mode: str, extra: dict[str, object] | None) -> str:
+    return RUN_CELL.format(bench_dir=str(Path(__file__).resolve().parent), steps=steps, mode=mode, extra=extra or {})
+
+
+def warm_up(mode: str, extra: dict[str, object] | None = None) -> None:
+    """Run the cell once, unmeasured, so that every module it imports has its bytecode cached.
+
+    A module whose cached bytecode is missing or stale (a fresh worktree, a file
+    just edited) is compiled by the first run that imports it. Without this, that
+    is the ``--small`` run and not the ``--large`` one, the compile's instructions
+    come off the difference, and the count per group reads low, by as much as a
+    few percent, depending on what the checkout had cached.
+    """
+    subprocess.run([sys.executable, "-c", _cell_code(2, mode, extra)], capture_output=True, check=True)
+
+
 def instructions(steps: int, mode: str, extra: dict[str, object] | None = None) -> int:
     """Instructions of one run of the cell, with ``extra`` Config fields (such as ``trace``) set."""
-    code = RUN_CELL.format(bench_dir=str(Path(__file__).resolve().parent), steps=steps, mode=mode, extra=extra or {})
+    code = _cell_code(steps, mode, extra)
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code],
         capture_output=True,
@@ -77,6 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     mode = "sync" if args.mode == "sync" else f"async K=1 {args.mode}"
     extra: dict[str, object] = {"trace": True} if args.trace else {}
+    warm_up(mode, extra)
     small, large = instructions(args.small, mode, extra), instructions(args.large, mode, extra)
     groups = (args.large - args.small) * bench.GROUPS_PER_STEP
     label = f"{args.mode}{', trace on' if args.trace else ''}"

@@ -6,12 +6,19 @@ training client, so envs hold a :class:`LazyTokenizer` that the backend binds th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from ..async_loss import backend_async_loss
-from ..backends.protocol import Backend, SamplingClient, Tokenizer, TrainingClient
+from ..backends.protocol import (
+    Backend,
+    SamplingClient,
+    Tokenizer,
+    TrainingClient,
+    check_inflight_before_work,
+    check_loss_before_work,
+)
 from ..config import Config
 from ..errors import ConfigError
 
@@ -90,10 +97,13 @@ class _BindTokenizer:
     async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> SamplingClient:
         return await self._inner.create_sampling_client(base_model=base_model, model_path=model_path)
 
+    # The optional checks are looked up on the backend train() is given, this wrapper: each
+    # passes on the inner backend's, and its errors name that backend, not the wrapper.
     def check_loss_fn(self, loss_fn: str, loss_fn_config: dict[str, float] | None) -> None:
-        check: Callable[[str, dict[str, float] | None], None] | None = getattr(self._inner, "check_loss_fn", None)
-        if check is not None:
-            check(loss_fn, loss_fn_config)
+        check_loss_before_work(self._inner, loss_fn, loss_fn_config)
+
+    def check_inflight_weights(self) -> None:
+        check_inflight_before_work(self._inner)
 
     def default_async_loss(self) -> tuple[str, dict[str, float] | None]:
         return backend_async_loss(self._inner)

@@ -370,7 +370,9 @@ async def _owed_evaluations(
 ) -> tuple[tuple[int, SamplingClient], ...]:
     """The evaluations the checkpoint resumed from still owed, each with a sampling client of its weights.
 
-    One whose weights were not saved by name cannot be run again; it is named in a warning.
+    One whose weights were not saved by name, or whose folder is gone, cannot be run again; it is
+    named in a warning. (An in-process backend deletes a sampler's folder once no client holds
+    it, unless a state of the same name was saved: an owed evaluation of a step with no state.)
     """
     owed = begin.resumed_from.owed_evaluations if begin.resumed_from is not None and has_evaluators else []
     if owed:
@@ -382,15 +384,20 @@ async def _owed_evaluations(
         owed = [(version, path) for version, path in owed if version not in done]
     clients: list[tuple[int, SamplingClient]] = []
     for version, path in owed:
-        if path is None:
-            warnings.warn(
-                f"the evaluation of step {version} was due when the run stopped, but its weights were not "
-                "saved by name (sampler_path), so it cannot be run now",
-                RunFolderWarning,
-                stacklevel=3,
-            )
-            continue
-        clients.append((version, await backend.create_sampling_client(base_model=config.base_model, model_path=path)))
+        reason = "its weights were not saved by name (sampler_path)"
+        if path is not None:
+            try:
+                client = await backend.create_sampling_client(base_model=config.base_model, model_path=path)
+            except FileNotFoundError as error:
+                reason = f"its weights are gone ({error})"
+            else:
+                clients.append((version, client))
+                continue
+        warnings.warn(
+            f"the evaluation of step {version} was due when the run stopped, but {reason}, so it cannot be run now",
+            RunFolderWarning,
+            stacklevel=3,
+        )
     return tuple(clients)
 
 

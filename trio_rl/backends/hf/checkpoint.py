@@ -81,6 +81,8 @@ def load_hf_checkpoint(path: Path, *, with_optimizer: bool = True) -> HFCheckpoi
         FileNotFoundError: if ``path`` is not such a folder.
         ValueError: for another format, or no optimizer state when one is asked for.
     """
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint folder at {path}")
     meta_file = path / META_FILE
     if not meta_file.is_file():
         raise FileNotFoundError(f"{path} is not an HF backend checkpoint (no {META_FILE})")

@@ -171,20 +171,23 @@ class Policy:
 
 
 class Snapshot:
-    """Frozen weights a sampling engine reads: an adapter of the policy, or a model copy.
+    """Frozen weights a sampling engine reads: an adapter of the policy, or a model of its own.
 
     When the snapshot is garbage-collected its adapter is deleted at the
-    policy's next job.
+    policy's next job. A model no training client changes (a base model, or
+    weights loaded from a folder) is a snapshot with no policy: it is never switched.
     """
 
-    def __init__(self, policy: Policy, model: nn.Module, adapter: str | None) -> None:
+    def __init__(self, policy: Policy | None, model: nn.Module, adapter: str | None) -> None:
+        if adapter is not None and policy is None:
+            raise ValueError("a snapshot adapter belongs to a policy")
         self.model = model
         self._policy = policy
         self._adapter = adapter
-        if adapter is not None:
+        if policy is not None and adapter is not None:
             weakref.finalize(self, policy.retire, adapter)
 
     def activate(self) -> None:
         """Select these weights for the next forward pass (worker thread, under the limiter)."""
-        if self._adapter is not None:
+        if self._policy is not None and self._adapter is not None:
             self._policy.activate(self._adapter)
