@@ -15,6 +15,7 @@ import pytest
 from tinker import types as tinker_types
 
 from trio_rl.backends.local.runtime import EngineSettings
+from trio_rl.backends.protocol import TrainingClient
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -35,3 +36,18 @@ def datum(tokens: list[int], **inputs: list[float]) -> tinker_types.Datum:
     """A datum predicting ``tokens[1:]`` from ``tokens[:-1]``, with extra per-position inputs."""
     loss_fn_inputs: dict[str, Any] = {"target_tokens": tokens[1:], **inputs}
     return tinker_types.Datum(model_input=tinker_types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_fn_inputs)
+
+
+TRAIN_DATA = [datum([5, 17, 42, 99, 7, 3], weights=[1.0] * 5), datum([8, 8, 100, 250, 1], weights=[1.0] * 4)]
+"""Two small cross-entropy Datums that tests train a tiny model on for a few steps."""
+
+TRAIN_ADAM = tinker_types.AdamParams(learning_rate=5e-2)
+
+
+async def train_steps(trainer: TrainingClient, steps: int) -> None:
+    """``steps`` steps of cross entropy on :data:`TRAIN_DATA`, each waited for."""
+    for _ in range(steps):
+        fb = await trainer.forward_backward(TRAIN_DATA, "cross_entropy")
+        opt = await trainer.optim_step(TRAIN_ADAM)
+        await fb.result()
+        await opt.result()

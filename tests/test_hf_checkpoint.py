@@ -11,21 +11,11 @@ import trio
 from safetensors.torch import load_file
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum
+from tests.hf_helpers import backend, train_steps
 from tests.integration.tiny_model import TinyModel
 
-ADAM = tinker_types.AdamParams(learning_rate=5e-2)
-DATA = [datum([5, 17, 42, 99, 7, 3], weights=[1.0] * 5), datum([8, 8, 100, 250, 1], weights=[1.0] * 4)]
 PROMPT = tinker_types.ModelInput.from_ints([5, 17, 42])
 PARAMS = tinker_types.SamplingParams(max_tokens=8, stop=[], seed=11)
-
-
-async def _train(trainer: object, steps: int) -> None:
-    for _ in range(steps):
-        fb = await trainer.forward_backward(DATA, "cross_entropy")  # type: ignore[attr-defined]
-        opt = await trainer.optim_step(ADAM)  # type: ignore[attr-defined]
-        await fb.result()
-        await opt.result()
 
 
 def _only_safetensors_and_json(path: Path) -> None:
@@ -37,7 +27,7 @@ async def test_save_and_resume_round_trip_with_optimizer(tmp_path: Path, tiny_mo
     with trio.fail_after(60):
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=lora_rank, seed=0)
-            await _train(trainer, 2)
+            await train_steps(trainer, 2)
             path = await trainer.save_state("step2")
             _only_safetensors_and_json(Path(path))
             weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -52,8 +42,8 @@ async def test_save_and_resume_round_trip_with_optimizer(tmp_path: Path, tiny_mo
                 assert torch.equal(resumed.adam_state.exp_avg[n], m)
                 assert torch.equal(resumed.adam_state.exp_avg_sq[n], trainer.adam_state.exp_avg_sq[n])
             # ... so the next step lands exactly where the original's does.
-            await _train(trainer, 1)
-            await _train(resumed, 1)
+            await train_steps(trainer, 1)
+            await train_steps(resumed, 1)
             for n, p in trainer.model.named_parameters():
                 if p.requires_grad:
                     assert torch.equal(dict(resumed.model.named_parameters())[n].detach(), p.detach()), n
@@ -79,7 +69,7 @@ async def test_a_lora_checkpoint_loads_with_peft_from_pretrained(tmp_path: Path,
     with trio.fail_after(60):
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
-            await _train(trainer, 2)
+            await train_steps(trainer, 2)
             path = await trainer.save_state("s")
             x = torch.tensor([PROMPT.to_ints()])
             with torch.no_grad():
@@ -101,11 +91,11 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
     with trio.fail_after(60):
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=tiny_model.path, lora_rank=4, seed=0)
-            await _train(trainer, 1)
+            await train_steps(trainer, 1)
             before = await trainer.save_weights_for_sampler("before")
             first = await before.sample(PROMPT, 2, PARAMS)
             scored = await before.compute_logprobs(PROMPT)
-            await _train(trainer, 3)
+            await train_steps(trainer, 3)
             after = await trainer.save_weights_for_sampler("after")
             # The old snapshot samples exactly as before; the new one from other weights.
             again = await before.sample(PROMPT, 2, PARAMS)
@@ -123,7 +113,7 @@ async def test_lora_snapshots_do_not_move_with_later_steps(tmp_path: Path, tiny_
             import gc
 
             gc.collect()
-            await _train(trainer, 1)  # the next job takes the retired adapters back
+            await train_steps(trainer, 1)  # the next job takes the retired adapters back
             for step in range(5):
                 newest = await trainer.save_weights_for_sampler(f"again-{step}")
                 assert await newest.compute_logprobs(PROMPT) != scored
@@ -160,7 +150,7 @@ async def test_sampler_snapshots_keep_the_disk_and_the_adapters_bounded_over_50_
             # As the loop does: the newest sampler replaces the one before, a state every 20 steps.
             sampler = await trainer.save_weights_for_sampler("000000")
             for step in range(1, 51):
-                await _train(trainer, 1)
+                await train_steps(trainer, 1)
                 sampler = await trainer.save_weights_for_sampler(f"{step:06d}")
                 if step % 20 == 0:
                     await trainer.save_state(f"{step:06d}")

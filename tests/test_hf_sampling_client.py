@@ -14,7 +14,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum
+from tests.hf_helpers import backend, train_steps
 from tests.integration.tiny_model import TinyModel
 from tests.test_hf_learning import EvenTokensDataset
 from trio_rl import Config, KLReferenceConfig, train
@@ -22,19 +22,9 @@ from trio_rl.backends.protocol import SamplingClient
 from trio_rl.base.jsonl import RunFolderWarning
 from trio_rl.loop.checkpoints import CheckpointLog
 
-ADAM = tinker_types.AdamParams(learning_rate=5e-2)
-DATA = [datum([5, 17, 42, 99, 7, 3], weights=[1.0] * 5), datum([8, 8, 100, 250, 1], weights=[1.0] * 4)]
 SEQUENCE = tinker_types.ModelInput.from_ints([5, 17, 42, 99, 7, 3, 250])
 PROMPT = tinker_types.ModelInput.from_ints([5, 17, 42])
 PARAMS = tinker_types.SamplingParams(max_tokens=6, stop=[], seed=3)
-
-
-async def _train(trainer: object, steps: int) -> None:
-    for _ in range(steps):
-        fb = await trainer.forward_backward(DATA, "cross_entropy")  # type: ignore[attr-defined]
-        opt = await trainer.optim_step(ADAM)  # type: ignore[attr-defined]
-        await fb.result()
-        await opt.result()
 
 
 def _assert_same(got: list[float | None], want: list[float | None]) -> None:
@@ -51,7 +41,7 @@ async def test_a_base_model_sampler_scores_as_the_untrained_policy(
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=lora_rank, seed=0)
             untrained = await (await trainer.save_weights_for_sampler("s0")).compute_logprobs(SEQUENCE)
-            await _train(trainer, 2)
+            await train_steps(trainer, 2)
             trained = await (await trainer.save_weights_for_sampler("s2")).compute_logprobs(SEQUENCE)
             base = await be.create_sampling_client(base_model=peaked_tiny_model.path)
             assert base.model_path is None
@@ -61,7 +51,7 @@ async def test_a_base_model_sampler_scores_as_the_untrained_policy(
             assert trained[1:] != pytest.approx(untrained[1:], abs=1e-3)
             # It samples too, and training the policy further does not move it.
             first = await base.sample(PROMPT, 2, PARAMS)
-            await _train(trainer, 1)
+            await train_steps(trainer, 1)
             again = await base.sample(PROMPT, 2, PARAMS)
             assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
             assert all(len(s.tokens) == 6 for s in first.sequences)
@@ -74,13 +64,13 @@ async def test_a_saved_sampler_or_state_scores_as_the_training_clients_own_sampl
     with trio.fail_after(60):
         async with backend(tmp_path) as be:
             trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=lora_rank, seed=0)
-            await _train(trainer, 2)
+            await train_steps(trainer, 2)
             own = await trainer.save_weights_for_sampler("w2")
             state = await trainer.save_state("s2")
             assert own.model_path is not None
             want = await own.compute_logprobs(SEQUENCE)
             want_sample = await own.sample(PROMPT, 2, PARAMS)
-            await _train(trainer, 1)  # the trainer moves on; the folders keep step 2's weights
+            await train_steps(trainer, 1)  # the trainer moves on; the folders keep step 2's weights
             for path in (own.model_path, state):
                 loaded = await be.create_sampling_client(base_model=peaked_tiny_model.path, model_path=path)
                 assert loaded.model_path == path
