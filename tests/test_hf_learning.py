@@ -74,7 +74,7 @@ async def test_the_policy_learns_through_train(tmp_path: Path, peaked_tiny_model
         lora_rank=8,
         learning_rate=2e-2,
         max_tokens=6,
-        max_steps=16,
+        max_steps=24,
         eval_every=0,
         save_every=0,
         seed=0,
@@ -84,10 +84,10 @@ async def test_the_policy_learns_through_train(tmp_path: Path, peaked_tiny_model
         async with backend(tmp_path / "run") as be:
             result = await train(config, dataset=EvenTokensDataset(), backend=be)
     rewards = [m["env/all/reward/total"] for m in result.step_metrics]
-    assert len(rewards) == 16 and result.checkpoint is not None
+    assert len(rewards) == 24 and result.checkpoint is not None
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    # Random: about half the tokens are even; measured: above 0.95 by step 8 in both modes when idle.
-    # Async on a real clock trains whichever groups finish first, so under load it can learn slower:
-    # 16 steps leave it room (one run at load 10 was at 0.69 by step 6).
+    # Random: about half the tokens are even. Async on a real clock trains whichever groups finish
+    # first, so its path differs from run to run: most runs pass 0.95 by step 12, some plateau near
+    # 0.7 for a few steps first, and one CI run was still at 0.77 by step 16. 24 steps leave room.
     assert first < 0.7 and last > first + 0.2, rewards
     assert (Path(result.checkpoint.state_path) / "adapter_model.safetensors").is_file()
