@@ -56,7 +56,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         skipped = draw(st.dictionaries(st.sampled_from(keys), st.sampled_from(["make_envs", "step"]), max_size=4))
         constant = draw(st.sets(st.sampled_from(keys), max_size=4))
     first = batch_sizes[0] if batch_sizes else 1
-    # Off the grid of event instants (multiples of 0.25 s, plus settle()'s nanoseconds),
+    # Off the grid of event instants (multiples of 0.25 s),
     # so that the cancel and the events of its instant never tie.
     cancel = None if crash is not None else draw(st.none() | st.integers(0, 60))
     return {

@@ -7,7 +7,7 @@ purpose. Two rules keep trio_rl's results identical across runs anyway:
   never from a generator shared by tasks;
 - a decision that depends on "what has happened so far" (which groups make up a
   batch, which weights a rollout samples from) is taken only after
-  :func:`settle`, which lets everything due at the current instant happen first.
+  :func:`settle`, which lets everything that can run first run.
 """
 
 from __future__ import annotations
@@ -16,14 +16,8 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-import trio
 from trio.lowlevel import RunVar
-from trio.testing import MockClock
-
-SETTLE_S = 1e-9
-"""A sleep this short costs one scheduler pass in real time. Under a MockClock
-with autojump, the clock only moves once every task is blocked, so waking up
-after it means all work due at the previous instant has been done."""
+from trio.testing import wait_all_tasks_blocked
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -44,53 +38,58 @@ other tasks settle, it goes on first, alone, and they go on after what it did.""
 
 
 @dataclass
-class _Settling:
-    """The tasks in :func:`settle` in one run, and which priority each instant released."""
+class _Round:
+    """The tasks in :func:`settle` that the next idle moment wakes together, and which of them it lets go on."""
 
-    waiting: Counter[tuple[int, float]] = field(default_factory=Counter[tuple[int, float]])
-    released: tuple[float, int] = (-1.0, 0)
+    waiting: Counter[int] = field(default_factory=Counter[int])
+    released: int | None = None
+
+
+@dataclass
+class _Settling:
+    """One run's settling: the round that tasks entering :func:`settle` join."""
+
+    current: _Round = field(default_factory=_Round)
 
 
 _SETTLING: RunVar[_Settling] = RunVar("trio_rl_settling")
 
 
 async def settle(priority: int = 1) -> None:
-    """Wait until everything scheduled for the current instant has run.
+    """Wait until no task can run: everything that was due has happened.
 
-    Under a :class:`trio.testing.MockClock` this sleeps :data:`SETTLE_S`, which
-    with autojump waits until every task is blocked: the guarantee that makes a
-    run reproducible. Tasks that settle at the same instant would wake together,
-    in Trio's random order; so at each instant only the settling tasks of the
-    lowest ``priority`` go on, and the others sleep again until then (the
+    It waits for an idle moment of the run (:func:`trio.testing.wait_all_tasks_blocked`),
+    the same wait under every clock. Under a :class:`trio.testing.MockClock` with
+    autojump, the clock moves only once every task is blocked, and Trio wakes
+    the waiters of an idle moment before it jumps; so a settled task sees all
+    that happened at the current instant, and the instant itself is unchanged:
+    the guarantee that makes a run reproducible. Under the real clock the wait
+    ends at the first scheduler pass where nothing is runnable and no I/O is
+    ready; threads and the network finish when they finish, so there it orders
+    nothing that was not ordered anyway.
+
+    Tasks that settle together would wake together, in Trio's random order; so
+    at each idle moment only the settling tasks of the lowest ``priority`` go
+    on, and the others wait for the next one, after what those did (the
     trainer, :data:`TRAINER_FIRST`, before the rollouts that read what it
-    publishes). Under any other clock, real time, where no order is
-    reproducible anyway, it is one checkpoint: the caller runs again at the next
-    scheduler pass, which is all the short sleep achieved there too (Trio runs a
-    pass's tasks in either order), without a deadline that ends in a
-    cancellation, a cost the pipeline paid once per group.
+    publishes).
     """
-    if not isinstance(trio.lowlevel.current_clock(), MockClock):
-        await trio.lowlevel.checkpoint()
-        return
     try:
         settling = _SETTLING.get()
     except LookupError:
         settling = _Settling()
         _SETTLING.set(settling)
-    entry = (priority, trio.current_time())
-    settling.waiting[entry] += 1
-    try:
-        while True:
-            await trio.sleep(SETTLE_S)
-            now = trio.current_time()
-            if settling.released[0] != now:
-                # The first task to wake at this instant decides for all of them,
-                # before any of them goes on.
-                eligible = [p for (p, since), n in settling.waiting.items() if n and since < now]
-                settling.released = (now, min(eligible))
-            if settling.released[1] == priority:
-                return
-    finally:
-        settling.waiting[entry] -= 1
-        if not settling.waiting[entry]:
-            del settling.waiting[entry]
+    while True:
+        round_ = settling.current
+        round_.waiting[priority] += 1
+        try:
+            await wait_all_tasks_blocked()
+            if round_.released is None:
+                # The first task an idle moment wakes decides for the round, before any
+                # of its tasks goes on; those that wait again join the next round.
+                round_.released = min(p for p, n in round_.waiting.items() if n)
+                settling.current = _Round()
+        finally:
+            round_.waiting[priority] -= 1
+        if round_.released == priority:
+            return
