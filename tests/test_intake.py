@@ -13,7 +13,7 @@ from trio_rl.loop.gate import ConsumptionGate
 from trio_rl.loop.ledger import DataLedger
 from trio_rl.loop.metrics_log import MetricsLog
 from trio_rl.loop.publishing import SnapshotWeights
-from trio_rl.loop.resampling import Resampling
+from trio_rl.loop.resampling import resampling_for
 from trio_rl.loop.schedules import Schedule
 from trio_rl.loop.stages.intake import GroupIntake
 from trio_rl.loop.stages.run import Run
@@ -29,7 +29,7 @@ class _Intake:
 
     def __init__(self, schedule: Schedule) -> None:
         ledger, gate = DataLedger(ItemKey(0, 0), []), ConsumptionGate()
-        resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
+        resampling = resampling_for(schedule, ledger, gate)
         self.run = Run(0, schedule, LatestWeights(), ledger, gate, MetricsLog(None), SnapshotWeights(), resampling)
         self.deliver, groups = trio.open_memory_channel[Delivery](math.inf)
         self.stop_rollouts = trio.CancelScope()

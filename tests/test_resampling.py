@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import trio
 from trio.testing import MockClock
 
 from trio_rl.loop.gate import ConsumptionGate
 from trio_rl.loop.ledger import DataLedger
-from trio_rl.loop.resampling import Resampling, given_up_when_stale
+from trio_rl.loop.oldest_first import OldestFirst
+from trio_rl.loop.resampling import NoResampling, Resampling, resampling_for
 from trio_rl.loop.schedules import Requeue
 from trio_rl.loop.weights import LatestWeights
 from trio_rl.loop.work import ItemKey, WorkItem
@@ -55,7 +57,7 @@ async def test_a_stale_rollout_is_given_up_when_the_version_that_makes_it_stale_
     resampling, _, _ = _resampling([], k=1)
     weights = LatestWeights(on_publish=resampling.published)
     weights.publish(0, object())  # type: ignore[arg-type]
-    scope = given_up_when_stale(resampling, latest=0, version=0)
+    scope = resampling.given_up_when_stale(latest=0, version=0)
     assert isinstance(scope, trio.CancelScope)
     weights.publish(1, object())  # type: ignore[arg-type]
     assert not scope.cancel_called  # one step stale: K allows it
@@ -65,15 +67,22 @@ async def test_a_stale_rollout_is_given_up_when_the_version_that_makes_it_stale_
 
 async def test_giving_up_cancels_every_rollout_running_and_every_later_one() -> None:
     resampling, _, _ = _resampling([], k=3)
-    running = given_up_when_stale(resampling, latest=0, version=0)
+    running = resampling.given_up_when_stale(latest=0, version=0)
     resampling.give_up_all()
-    later = given_up_when_stale(resampling, latest=1, version=1)
+    later = resampling.given_up_when_stale(latest=1, version=1)
     assert isinstance(running, trio.CancelScope) and running.cancel_called
     assert isinstance(later, trio.CancelScope) and later.cancel_called
 
 
-def test_a_run_that_does_not_resample_enters_no_scope() -> None:
-    assert not isinstance(given_up_when_stale(None, latest=0, version=0), trio.CancelScope)
+def test_a_run_that_does_not_resample_has_no_resampling_and_enters_no_scope() -> None:
+    ledger, gate = DataLedger(ItemKey(0, 0), []), ConsumptionGate()
+    assert isinstance(resampling_for(Requeue(2, 1, 1), ledger, gate), Resampling)
+    none = resampling_for(OldestFirst(2, 1, 1), ledger, gate)
+    assert isinstance(none, NoResampling)
+    assert not isinstance(none.given_up_when_stale(latest=0, version=0), trio.CancelScope)
+    assert none.patience(3) == math.inf and not none.settles_before_waiting
+    with pytest.raises(AssertionError, match="resamples"):
+        none.add(object())  # type: ignore[arg-type]
 
 
 async def test_weights_tell_on_publish_each_version_they_publish() -> None:

@@ -33,7 +33,6 @@ its groups' admission slots; last, the
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import trio
@@ -88,7 +87,7 @@ async def run_pipeline(
     # the crash for the end of data (and raises beside it).
     with (
         closed_unless_crashed(groups_recv, evals_send),
-        run.resampling.closed_unless_crashed() if run.resampling is not None else nullcontext(),
+        run.resampling.closed_unless_crashed(),
     ):
         due = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
         evals = EvalRequests(due, evals_send, run.weights, runner.weights_to_evaluate, owed, evaluation.owed)

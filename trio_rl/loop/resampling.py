@@ -5,7 +5,8 @@ A schedule decides that a group is to be resampled (:attr:`~trio_rl.loop.schedul
 finish (:meth:`~trio_rl.loop.schedules.Schedule.gives_up_at`). :class:`Resampling`
 carries that out, and exists only in a run whose schedule resamples
 (:attr:`~trio_rl.loop.schedules.Schedule.resamples`); no other part of the loop
-holds any of its state.
+holds any of its state. Other runs have a :class:`NoResampling`, which does
+nothing in the same calls, so no stage asks whether its run resamples.
 
 - The back edge: items to resample go from the trainer to the dataloader on
   an unbounded channel (the back edge of a cycle must never block). The dataloader
@@ -177,10 +178,52 @@ class Resampling:
             yield
 
 
-def given_up_when_stale(resampling: Resampling | None, latest: int, version: int) -> AbstractContextManager[object]:
-    """:meth:`Resampling.given_up_when_stale`, or no scope where the run does not resample.
+class NoResampling:
+    """The :class:`Resampling` of a run whose schedule never resamples: nothing is sent back, waited out or given up.
 
-    Where no rollout is ever given up, no scope is entered (thousands of waiting
-    rollouts would each hold one).
+    It holds no state; with it the stages carry out resampling the same way in
+    every mode, and none of them asks whether the run resamples.
     """
-    return nullcontext() if resampling is None else resampling.given_up_when_stale(latest, version)
+
+    resampled = dropped = 0
+    pending = settles_before_waiting = False
+
+    def step_begins(self, step: int) -> None:
+        """Nothing expires: no group is ever resampled."""
+
+    def add(self, item: WorkItem) -> None:
+        raise AssertionError("a schedule that resamples has a Resampling (Schedule.resamples)")
+
+    def end_instant(self) -> None:
+        """Nothing is pending."""
+
+    def patience(self, step: int) -> float:
+        """No bound: nothing is ever given up, so the trainer waits for its groups."""
+        return math.inf
+
+    def give_up_all(self) -> None:
+        raise AssertionError("only a Resampling's patience ends a wait, and this one has none")
+
+    def closed_unless_crashed(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def published(self, version: int) -> None:
+        """No rollout waits to be given up."""
+
+    def given_up_when_stale(self, latest: int, version: int) -> AbstractContextManager[object]:
+        # No scope: thousands of waiting rollouts would each hold one for nothing.
+        return nullcontext()
+
+    def take_ready(self) -> list[WorkItem]:
+        return []
+
+    def take_last(self) -> list[WorkItem]:
+        return []
+
+    def dataloader_side(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def resampling_for(schedule: Schedule, ledger: DataLedger, gate: ConsumptionGate) -> Resampling | NoResampling:
+    """The run's resampling, chosen once: a :class:`Resampling` where ``schedule`` resamples, else :class:`NoResampling`."""
+    return Resampling(schedule, ledger, gate) if schedule.resamples else NoResampling()

@@ -33,7 +33,7 @@ from .ledger import DataLedger
 from .metrics_log import MetricsLog, merge_by_step
 from .pipeline import StageSettings, run_pipeline
 from .publishing import publishing_for
-from .resampling import Resampling
+from .resampling import resampling_for
 from .schedules import Schedule
 from .selected_schedule import schedule_for
 from .stages.evaluator import Evaluation
@@ -285,8 +285,8 @@ async def _open_run(config: Config, begin: run_folder.Start, first_batch_size: i
     (log_path / run_folder.CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2, default=repr))
     schedule = schedule_for(config, first_batch_size)
     ledger, gate = DataLedger(begin.cursor, begin.owed), ConsumptionGate()
-    resampling = Resampling(schedule, ledger, gate) if schedule.resamples else None
-    weights = LatestWeights(on_publish=None if resampling is None else resampling.published)
+    resampling = resampling_for(schedule, ledger, gate)
+    weights = LatestWeights(on_publish=resampling.published)
 
     def snapshot_parts() -> tuple[int, list[str], dict[str, Any]]:
         statistics = {"weights": weights.statistics(), "admission": gate.statistics(), "ledger": ledger.statistics()}

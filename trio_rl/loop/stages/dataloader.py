@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import trio
 
 from ...observe.spans import activity, on_track, span
@@ -35,7 +33,7 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
     with (
         workers.closed_unless_crashed(),
         closed_unless_crashed(notes),
-        resampling.dataloader_side() if resampling is not None else nullcontext(),
+        resampling.dataloader_side(),
         on_track("dataloader"),
         activity("dataloader"),
     ):
@@ -45,7 +43,7 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
                 continue
             admission = run.schedule.admit(entry.position, run.start_step)
             while True:
-                if resampling is not None and (resampled := resampling.take_ready()):
+                if resampled := resampling.take_ready():
                     for item in resampled:
                         await workers.hand_out(item)
                     continue
@@ -58,6 +56,5 @@ async def dataloader(items: DatasetItems, run: Run, workers: WorkerPool) -> None
             notes.send_nowait(Handout(entry.key, entry.next_cursor))
             with span("hand_out"):
                 await workers.hand_out(entry.item(admission))
-        if resampling is not None:
-            for item in resampling.take_last():
-                await workers.hand_out(item)
+        for item in resampling.take_last():
+            await workers.hand_out(item)

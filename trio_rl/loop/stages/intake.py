@@ -25,8 +25,8 @@ class GroupIntake:
     kept its slot through every retry would starve the run.
 
     A group to be resampled goes to the run's
-    :class:`~trio_rl.loop.resampling.Resampling`, which exists only where the
-    schedule resamples and does the rest.
+    :class:`~trio_rl.loop.resampling.Resampling`, which does the rest (a run
+    whose schedule never resamples has a ``NoResampling``, which does nothing).
     """
 
     def __init__(self, groups: trio.MemoryReceiveChannel[Delivery], run: Run, stop_rollouts: trio.CancelScope) -> None:
@@ -44,23 +44,22 @@ class GroupIntake:
     @property
     def resampled(self) -> int:
         """Groups resampled so far."""
-        return 0 if self._resampling is None else self._resampling.resampled
+        return self._resampling.resampled
 
     @property
     def dropped(self) -> int:
         """Groups to be resampled that were dropped instead, the data having ended."""
-        return 0 if self._resampling is None else self._resampling.dropped
+        return self._resampling.dropped
 
     def expire(self, step: int) -> None:
         """Note that ``step`` begins, and resample the held groups it may no longer train."""
-        if self._resampling is not None:
-            self._resampling.step_begins(step)
+        self._resampling.step_begins(step)
 
     async def next_minibatch(self, step: int) -> Minibatch | None:
         """Receive what the schedule needs, then its decision: the next minibatch of ``step``, or None."""
         while (need := self._schedule.need(step, self.ended)) is Need.ANOTHER_GROUP:
             await self._receive(step)
-        if need is Need.THIS_INSTANT or (self._resampling is not None and self._resampling.pending):
+        if need is Need.THIS_INSTANT or self._resampling.pending:
             await self.classify_this_instant(step)
         return self._schedule.next_minibatch(step)
 
@@ -69,8 +68,7 @@ class GroupIntake:
         if not self.ended:
             await settle(TRAINER_FIRST)
             self._classify_ready(step)
-        if self._resampling is not None:
-            self._resampling.end_instant()
+        self._resampling.end_instant()
 
     async def stop(self) -> None:
         """Cancel the rollouts still running and drop what they deliver: those items stay owed, and a resume samples them."""
@@ -86,14 +84,14 @@ class GroupIntake:
     async def _receive(self, step: int) -> None:
         """Wait for a group and classify it; past the schedule's patience, give up the rollouts still running."""
         resampling = self._resampling
-        if resampling is not None and resampling.settles_before_waiting:
+        if resampling.settles_before_waiting:
             if not resampling.pending and self._classify_ready(step):
                 return  # no wait: groups had arrived
             # Waiting needs what was resampled handed on, and the end of data seen, at a settled instant.
             await self.classify_this_instant(step)
             if self._schedule.need(step, self.ended) is not Need.ANOTHER_GROUP:
                 return
-        deadline = math.inf if resampling is None else resampling.patience(step)
+        deadline = resampling.patience(step)
         # A scope only where there is a deadline: most waits have none.
         with trio.move_on_at(deadline) if deadline < math.inf else nullcontext():
             try:
@@ -107,7 +105,6 @@ class GroupIntake:
         if self._schedule.need(step, self.ended) is Need.ANOTHER_GROUP:
             # Only a deadline, so only resampling, leads here. Each rollout
             # running delivers as given up, and is dropped: the data has ended.
-            assert resampling is not None
             resampling.give_up_all()
 
     def _classify_ready(self, step: int) -> int:
@@ -130,7 +127,6 @@ class GroupIntake:
             self._ledger.retire([delivery.item.key])
             self._gate.free([delivery.item])
         elif verdict is Verdict.RESAMPLE:
-            assert self._resampling is not None, "a schedule that resamples has a Resampling (Schedule.resamples)"
             self._resampling.add(delivery.item)
         elif verdict is Verdict.FILTER:
             assert isinstance(delivery, FinishedGroup), "only a finished group has rewards to filter on"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...observe.observer import RunObserver
 from ..gate import ConsumptionGate
 from ..ledger import DataLedger
 from ..metrics_log import MetricsLog
 from ..publishing import WeightsPublishing
-from ..resampling import Resampling
+from ..resampling import NoResampling, Resampling
 from ..schedules import Schedule
 from ..weights import LatestWeights
 
@@ -26,7 +26,7 @@ class Run:
         gate: the groups the trainer has consumed, which the dataloader waits on.
         metrics: the run's ``metrics.jsonl``.
         publishing: how the weights reach the samplers (snapshots or in flight), chosen once.
-        resampling: what resampling does beyond deciding; only where the schedule resamples.
+        resampling: what resampling does beyond deciding (a ``NoResampling`` where the schedule never resamples).
         observer: what the run writes to be seen inside (transcripts, trace, timelines); None writes nothing.
     """
 
@@ -37,5 +37,5 @@ class Run:
     gate: ConsumptionGate
     metrics: MetricsLog
     publishing: WeightsPublishing
-    resampling: Resampling | None = None
+    resampling: Resampling | NoResampling = field(default_factory=NoResampling)
     observer: RunObserver | None = None

@@ -22,7 +22,6 @@ from ...rl.summary import GroupSummary
 from ...rl.termination import TerminationRewardPolicy
 from ...types import TrajectoryGroup
 from ..channels import closed_unless_crashed, send_downstream
-from ..resampling import given_up_when_stale
 from ..work import AbandonedGroup, Delivery, FinishedGroup, SkippedGroup, WorkItem
 from .run import Run
 
@@ -183,7 +182,7 @@ async def _roll_out(
             return SamplingPolicy(client, settings.sampling_params, derive_seed(*identity, env_index, attempt))
 
         group: TrajectoryGroup | None = None
-        with given_up_when_stale(run.resampling, weights.version, version):
+        with run.resampling.given_up_when_stale(weights.version, version):
             group = await rollout_group(item.builder, envs, policy_for, settings.error_strategy, settings.termination)
     if group is None:  # given up as stale
         return AbandonedGroup(item, version)
