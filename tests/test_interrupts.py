@@ -58,9 +58,28 @@ def training_steps(log_path: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(log_path / "metrics.jsonl") if "progress/groups" in r]
 
 
+def wait_for_its_signal_handlers(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Until the example has installed its start-up handlers (SIGTERM's is set right after SIGINT's).
+
+    A Ctrl-C before that lands while Python itself starts, before any line of
+    the example runs, where it can only end in Python's own traceback.
+    """
+    status = Path(f"/proc/{proc.pid}/status")
+    if not status.exists():  # no procfs: the imports take far longer than this
+        time.sleep(0.3)
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        assert proc.poll() is None and time.monotonic() < deadline, "the example never installed its handlers"
+        time.sleep(0.005)
+
+
 def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path: Path) -> None:
     with running(example(tmp_path / "run", "--max-steps", "5")) as proc:
-        time.sleep(0.3)  # still importing torch
+        wait_for_its_signal_handlers(proc)  # then still importing torch
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err
