@@ -151,8 +151,11 @@ def test_message_env(tmp_path: Path, mode: str) -> None:
     result = run_training(tmp_path, mode, ListDataset(builders, 2), 2, backend=ScriptedBackend(" 7\n\nUser:"))
     assert_trained(result, 2, 4)
     records = result.step_metrics
-    # GSM8KMessageEnv.step graded the well-formed replies: 1 for "7" on the first question, 0 on the second.
-    assert all(0 < r["env/all/correct"] < 1 for r in records)
+    # GSM8KMessageEnv.step graded the well-formed replies: 1 for "7" on the first question, 0 on the
+    # second. Which questions share a step depends, in async mode on the real clock, on which groups
+    # finish first, so a step may hold only one of them: across the run both grades appear.
+    correct = [r["env/all/correct"] for r in records]
+    assert any(c > 0 for c in correct) and any(c < 1 for c in correct), correct
     # The random ones ended in EnvFromMessageEnv: a parse error, or, when max_tokens was reached,
     # the stop_reason="length" that step() got in extra=.
     assert all("env/all/stop/parse_error" in r or "env/all/stop/max_tokens" in r for r in records)

@@ -13,10 +13,8 @@ purpose. Two rules keep trio_rl's results identical across runs anyway:
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from dataclasses import dataclass, field
 
-from trio.lowlevel import RunVar
+from trio.lowlevel import ParkingLot, RunVar, Task, current_task
 from trio.testing import wait_all_tasks_blocked
 
 
@@ -37,19 +35,26 @@ TRAINER_FIRST = 0
 other tasks settle, it goes on first, alone, and they go on after what it did."""
 
 
-@dataclass
-class _Round:
-    """The tasks in :func:`settle` that the next idle moment wakes together, and which of them it lets go on."""
-
-    waiting: Counter[int] = field(default_factory=Counter[int])
-    released: int | None = None
-
-
-@dataclass
 class _Settling:
-    """One run's settling: the round that tasks entering :func:`settle` join."""
+    """One run's settling: the one task that waits for the next idle moment, and the others parked by priority.
 
-    current: _Round = field(default_factory=_Round)
+    Only the leader waits for the idle moment; the others park, and cost
+    nothing while they wait, however many idle moments pass before their
+    priority's turn.
+    """
+
+    def __init__(self) -> None:
+        self.leader: Task | None = None
+        self.parked: dict[int, ParkingLot] = {}
+
+    def lowest_parked(self) -> int | None:
+        waiting = [priority for priority, lot in self.parked.items() if lot]
+        return min(waiting) if waiting else None
+
+    def pass_the_lead(self) -> None:
+        """The leader goes on (or was cancelled): one of the parked tasks of the lowest priority waits for the next idle moment."""
+        lowest = self.lowest_parked()
+        self.leader = None if lowest is None else self.parked[lowest].unpark(count=1)[0]
 
 
 _SETTLING: RunVar[_Settling] = RunVar("trio_rl_settling")
@@ -68,7 +73,7 @@ async def settle(priority: int = 1) -> None:
     ready; threads and the network finish when they finish, so there it orders
     nothing that was not ordered anyway.
 
-    Tasks that settle together would wake together, in Trio's random order; so
+    Tasks that settle together would go on together, in Trio's random order; so
     at each idle moment only the settling tasks of the lowest ``priority`` go
     on, and the others wait for the next one, after what those did (the
     trainer, :data:`TRAINER_FIRST`, before the rollouts that read what it
@@ -79,17 +84,23 @@ async def settle(priority: int = 1) -> None:
     except LookupError:
         settling = _Settling()
         _SETTLING.set(settling)
-    while True:
-        round_ = settling.current
-        round_.waiting[priority] += 1
-        try:
+    me = current_task()
+    if settling.leader is None:
+        settling.leader = me
+    else:
+        lot = settling.parked.get(priority) or settling.parked.setdefault(priority, ParkingLot())
+        await lot.park()
+        if settling.leader is not me:
+            return  # released with the rest of its priority
+    try:
+        while True:
             await wait_all_tasks_blocked()
-            if round_.released is None:
-                # The first task an idle moment wakes decides for the round, before any
-                # of its tasks goes on; those that wait again join the next round.
-                round_.released = min(p for p, n in round_.waiting.items() if n)
-                settling.current = _Round()
-        finally:
-            round_.waiting[priority] -= 1
-        if round_.released == priority:
-            return
+            lowest = settling.lowest_parked()
+            if lowest is None or priority < lowest:
+                return
+            settling.parked[lowest].unpark_all()
+            if lowest == priority:
+                return
+            # Those of a lower priority go on; the lead waits for the next idle moment, after what they did.
+    finally:
+        settling.pass_the_lead()
