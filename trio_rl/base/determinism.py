@@ -72,6 +72,8 @@ async def settle(priority: int = 1) -> None:
     ends at the first scheduler pass where nothing is runnable and no I/O is
     ready; threads and the network finish when they finish, so there it orders
     nothing that was not ordered anyway.
+    A task that never blocks (a loop of ``trio.sleep(0)``) holds every
+    settle back until it does.
 
     Tasks that settle together would go on together, in Trio's random order; so
     at each idle moment only the settling tasks of the lowest ``priority`` go
