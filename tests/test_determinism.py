@@ -34,7 +34,9 @@ async def test_settle_honours_cancellation() -> None:
     assert scope.cancelled_caught
 
 
-async def test_settle_waits_until_every_task_is_blocked_under_either_clock(either_clock: trio.testing.MockClock | None) -> None:
+async def test_settle_waits_until_every_task_is_blocked_under_either_clock(
+    either_clock: trio.testing.MockClock | None,
+) -> None:
     # A task that needs many scheduler passes still finishes first, on the real
     # clock as on the mock one: the wait is the same under both.
     order: list[str] = []
@@ -61,7 +63,9 @@ async def test_settle_takes_no_virtual_time(autojump_clock: trio.testing.MockClo
     assert trio.current_time() == start
 
 
-async def test_the_trainer_goes_on_alone_and_the_others_after_what_it_did(either_clock: trio.testing.MockClock | None) -> None:
+async def test_the_trainer_goes_on_alone_and_the_others_after_what_it_did(
+    either_clock: trio.testing.MockClock | None,
+) -> None:
     events: list[str] = []
 
     async def rollout(name: str) -> None:
@@ -100,3 +104,29 @@ async def test_a_cancelled_settle_does_not_hold_back_the_others(either_clock: tr
                 trainer_scope.cancel()
                 await settle(TRAINER_FIRST)
     assert trainer_scope.cancelled_caught and done == ["rollout"]
+
+
+async def test_a_settle_cancelled_while_it_waits_passes_the_wait_to_one_parked_behind_it(
+    either_clock: trio.testing.MockClock | None,
+) -> None:
+    done: list[str] = []
+
+    async def first(scope: trio.CancelScope) -> None:
+        with scope:
+            await settle()
+            done.append("first")
+
+    async def second() -> None:
+        await settle()
+        done.append("second")
+
+    scope = trio.CancelScope()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first, scope)
+            await trio.lowlevel.checkpoint()  # runnable, so no idle moment yet: first waits for one
+            nursery.start_soon(second)
+            await trio.lowlevel.checkpoint()  # second parks behind first
+            await trio.lowlevel.checkpoint()
+            scope.cancel()
+    assert scope.cancelled_caught and done == ["second"]
