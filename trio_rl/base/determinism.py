@@ -90,7 +90,9 @@ async def settle(priority: int = 1) -> None:
     if settling.leader is None:
         settling.leader = me
     else:
-        lot = settling.parked.get(priority) or settling.parked.setdefault(priority, ParkingLot())
+        lot = settling.parked.get(priority)
+        if lot is None:
+            lot = settling.parked[priority] = ParkingLot()
         await lot.park()
         if settling.leader is not me:
             return  # released with the rest of its priority
