@@ -1,6 +1,6 @@
 """Where the pipeline's CPU goes: a profile of bench/pipeline.py's zero-latency cell, by category.
 
-Run: ``.venv/bin/python bench/profile_pipeline.py [--mode sync|requeue|pace] [--steps N] [--cell a|b|c|d]``
+Run: ``.venv/bin/python bench/profile_pipeline.py [--mode sync|requeue|pace|oldest_first] [--steps N] [--cell a|b|c|d]``
 
 Time is attributed to the file of each function's own code (cProfile's ``tottime``),
 then grouped: Trio's machinery, pydantic and tinker object construction, numpy,
@@ -26,18 +26,25 @@ from bench import pipeline as bench
 
 CATEGORIES = [
     ("trio", ("/trio/", "/outcome/", "sortedcontainers", "/attr/")),
-    ("pydantic and tinker objects", ("/pydantic", "/tinker/", "_tinker_compat.py")),
+    ("pydantic and tinker objects", ("/pydantic", "/tinker/", "trio_rl/_tinker_compat.py")),
     ("numpy", ("/numpy/",)),
-    ("rollouts", ("trio_rl/rollouts.py", "trio_rl/determinism.py", "trio_rl/asyncio_bridge.py", "trio_rl/types.py")),
-    ("datum assembly", ("trio_rl/data.py",)),
-    ("metrics and logging", ("trio_rl/metrics.py", "trio_rl/step_metrics.py", "trio_rl/sinks.py", "/json/")),
     (
-        "pipeline stages",
-        ("trio_rl/pipeline.py", "trio_rl/schedule.py", "trio_rl/training_step.py", "trio_rl/ledger.py",
-         "trio_rl/gate.py", "trio_rl/weights.py", "trio_rl/work.py", "trio_rl/checkpoint.py", "trio_rl/evaluation.py"),
+        "rollouts",
+        ("trio_rl/rl/rollouts.py", "trio_rl/rl/termination.py", "trio_rl/base/determinism.py",
+         "trio_rl/asyncio_bridge.py", "trio_rl/types.py"),
     ),
-    ("fake backend and envs", ("trio_rl/testing.py", "bench/pipeline.py")),
+    ("datum assembly", ("trio_rl/rl/data.py", "trio_rl/rl/chunks.py", "trio_rl/rl/summary.py")),
+    (
+        "metrics and logging",
+        ("trio_rl/rl/metrics.py", "trio_rl/loop/step_metrics.py", "trio_rl/loop/metrics_log.py",
+         "trio_rl/base/reduced_metrics.py", "trio_rl/base/jsonl.py", "trio_rl/sinks.py", "/json/"),
+    ),
+    ("observation hooks", ("trio_rl/observe/",)),
+    ("pipeline stages", ("trio_rl/loop/",)),
+    ("fake backend and envs", ("trio_rl/testing/", "bench/pipeline.py")),
 ]  # fmt: skip
+"""Each category's path fragments, tried in order: a file goes to the first that matches
+(so "pipeline stages" takes what in ``trio_rl/loop/`` the ones above it did not)."""
 
 
 def category(filename: str) -> str:
@@ -49,11 +56,11 @@ def category(filename: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["sync", "requeue", "pace"], default="requeue")
+    parser.add_argument("--mode", choices=["sync", "requeue", "pace", "oldest_first"], default="oldest_first")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--cell", choices=["a", "b", "c", "d"], default="a", help="bench/pipeline.py's cell (a: zero latency)")
     args = parser.parse_args()
-    mode = {"sync": "sync", "requeue": "async K=1 requeue", "pace": "async K=1 pace"}[args.mode]
+    mode = "sync" if args.mode == "sync" else f"async K=1 {args.mode}"
     latencies = next(c for c in bench.CELLS if c.name.startswith(args.cell))
     cell = bench.Cell(latencies.name, args.steps, latencies.sample_s, latencies.train_s)
     with tempfile.TemporaryDirectory() as tmp:
