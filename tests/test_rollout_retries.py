@@ -3,9 +3,9 @@
 A group's failures at one instant are answered together, and when the group
 has failed, its cancel lands before any of its slots acts on its answer. So
 identical runs under a ``MockClock`` call ``make_env`` and ``sample`` the same
-way, not only write the same files. Trio's scheduler is seeded
-(``trio._core._run._r``), as in ``tests/test_pipeline_properties.py``, to draw
-task orders.
+way, not only write the same files. Trio's task order is drawn from a seed
+by the ``trio_task_order_from_seed`` fixture (``tests/conftest.py``), as in
+``tests/test_pipeline_properties.py``.
 
 ``TRIO_RL_HYPOTHESIS_EXAMPLES`` sets how many examples the property runs.
 """
@@ -13,7 +13,6 @@ task orders.
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import TaskOrder
 from trio_rl import Config, MinViableGroup, RetryOnFailure, RLTestSetEvaluator, train
 from trio_rl import _tinker_compat as compat
 from trio_rl.rl.rollouts import ErrorStrategy
@@ -107,7 +107,13 @@ class FlakyDataset(RLDataset):
 
 
 def backend_calls(
-    flaky: Flakiness, strategy: ErrorStrategy, scheduling_seed: int, *, num_batches: int = 3, evaluate: bool = False
+    task_order: TaskOrder,
+    flaky: Flakiness,
+    strategy: ErrorStrategy,
+    scheduling_seed: int,
+    *,
+    num_batches: int = 3,
+    evaluate: bool = False,
 ) -> tuple[list[Any], list[Any]]:
     """One run of 4 groups per batch under ``scheduling_seed``: its env builds and its sample requests, sorted."""
     flaky.made.clear()
@@ -124,27 +130,30 @@ def backend_calls(
                         config, dataset=FlakyDataset(num_batches, 4, flaky), backend=backend, evaluators=evaluators
                     )
 
-    original = trio._core._run._r
-    trio._core._run._r = random.Random(scheduling_seed)
-    try:
+    with task_order(scheduling_seed):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        trio._core._run._r = original
     samples = sorted((c.version, c.detail["seed"], c.detail["prompt_len"]) for c in backend.calls_of("sample"))
     return sorted(flaky.made), samples
 
 
-def test_a_failed_group_cancels_its_retries_before_any_is_made() -> None:
+def test_a_failed_group_cancels_its_retries_before_any_is_made(trio_task_order_from_seed: TaskOrder) -> None:
     # Two groups whose every slot fails at the same instant, with one retry for the group:
     # slot 0 is answered "retry", the others "no retry", so the group has failed.
     flaky = Flakiness(group_size=4, failing={(0, 1): frozenset(range(4)), (1, 2): frozenset(range(4))})
-    outcomes = {repr(backend_calls(flaky, RetryOnFailure(max_retries=1), seed)) for seed in range(8)}
+    order = trio_task_order_from_seed
+    outcomes = {repr(backend_calls(order, flaky, RetryOnFailure(max_retries=1), seed)) for seed in range(8)}
     assert len(outcomes) == 1
-    made, _ = backend_calls(flaky, RetryOnFailure(max_retries=1), 0)
+    made, _ = backend_calls(order, flaky, RetryOnFailure(max_retries=1), 0)
     assert [m for m in made if m[0] == "make_env"] == []  # the group failed: no env was rebuilt
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The fixture is function-scoped but shared safely by the examples: each run
+# seeds Trio's generator inside ``with task_order(seed):`` and puts it back.
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     group_size=st.integers(2, 5),
     failing=st.dictionaries(
@@ -161,6 +170,7 @@ def test_a_failed_group_cancels_its_retries_before_any_is_made() -> None:
     scheduling_seeds=st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2, unique=True),
 )
 def test_identical_runs_make_identical_backend_calls_whatever_fails_and_whatever_the_task_order(
+    trio_task_order_from_seed: TaskOrder,
     group_size: int,
     failing: dict[Key, frozenset[int]],
     failed_attempts: int,
@@ -174,5 +184,7 @@ def test_identical_runs_make_identical_backend_calls_whatever_fails_and_whatever
     chosen: ErrorStrategy = (
         RetryOnFailure(max_retries=max_retries) if strategy == "retry" else MinViableGroup(1, max_retries=max_retries)
     )
-    first, second = (backend_calls(flaky, chosen, seed, evaluate=True) for seed in scheduling_seeds)
+    first, second = (
+        backend_calls(trio_task_order_from_seed, flaky, chosen, seed, evaluate=True) for seed in scheduling_seeds
+    )
     assert first == second
