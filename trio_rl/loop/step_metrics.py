@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,7 +128,13 @@ class TokenCounts:
     trained: int = 0
 
     def __add__(self, other: TokenCounts) -> TokenCounts:
-        return TokenCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        # Field by field: ``astuple`` deep-copies each value, and this runs for every step's tally.
+        return TokenCounts(
+            self.sampled + other.sampled,
+            self.prefill_cached + other.prefill_cached,
+            self.prefill_uncached + other.prefill_uncached,
+            self.trained + other.trained,
+        )
 
     def metrics(self, prefix: str) -> Metrics:
         """``<prefix>/<kind>`` for each kind."""
