@@ -27,6 +27,7 @@ training samples batch b+1 while batch b trains.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections import defaultdict
@@ -35,10 +36,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 if __name__ == "__main__":
-    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
-    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) ends the
+    # process at once with 130 (143): nothing has started, and an exception raised
+    # here can land in the import machinery, which ignores it and may then hang.
+    # Once the run starts, trio_rl.cli handles both signals.
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(143))
 
 import trio
 import trio.testing

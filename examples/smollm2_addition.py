@@ -22,6 +22,7 @@ The run folder gets ``metrics.jsonl``, checkpoints (peft adapter layout:
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -30,10 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 if __name__ == "__main__":
-    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) exits
-    # quietly with 130 (143); once the run starts, trio_rl.cli handles both.
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    # Ctrl-C (or SIGTERM) while the imports below load (torch takes seconds) ends the
+    # process at once with 130 (143): nothing has started, and an exception raised
+    # here can land in the import machinery, which ignores it and may then hang.
+    # Once the run starts, trio_rl.cli handles both signals.
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(143))
 
 import trio
 from tinker import types as tinker_types

@@ -7,6 +7,7 @@ every step trained exactly once.
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import random
@@ -84,6 +85,56 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path: Path) ->
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err + out
+
+
+# A stop signal whose handler runs inside a weakref callback, where Python reports
+# an exception as "ignored" and goes on, as it does inside the import machinery's
+# module-lock callbacks while torch loads.
+SIGNAL_IN_A_WEAKREF_CALLBACK = """
+import os, signal, time, weakref
+class Thing: pass
+def callback(ref):
+    os.kill(os.getpid(), {signum})
+    time.sleep(5)
+thing = Thing()
+ref = weakref.ref(thing, callback)
+del thing
+print("the process went on")
+"""
+
+
+def start_up_handlers_of(example_name: str) -> str:
+    """The source of an example's first ``if __name__ == "__main__":`` block, which sets its start-up handlers."""
+    source = (ROOT / "examples" / f"{example_name}.py").read_text()
+    block = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+    )
+    segment = ast.get_source_segment(source, block)
+    assert segment is not None and "signal.SIGTERM" in segment
+    return "import os, signal, sys\n" + segment
+
+
+START_UP_HANDLERS = {
+    "trio_rl.cli": "from trio_rl.cli import exit_quietly_on_stop_signals\nexit_quietly_on_stop_signals()",
+    **{
+        path.stem: start_up_handlers_of(path.stem)
+        for path in sorted((ROOT / "examples").glob("*.py"))
+        if "os._exit(130)" in path.read_text() or "sys.exit(130)" in path.read_text()
+    },
+}
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_TERMINATED)])
+@pytest.mark.parametrize("installer", sorted(START_UP_HANDLERS))
+def test_a_stop_signal_during_start_up_ends_the_process_even_where_python_ignores_exceptions(
+    installer: str, signum: int, code: int
+) -> None:
+    script = START_UP_HANDLERS[installer] + SIGNAL_IN_A_WEAKREF_CALLBACK.format(signum=int(signum))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (code, ""), proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_TERMINATED)])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -127,11 +126,15 @@ def exit_quietly_on_stop_signals() -> None:
     """Until the run starts, make Ctrl-C exit with 130 and SIGTERM with 143, without a traceback.
 
     Call it first thing in a script, before the slow imports (torch takes seconds);
-    :func:`~trio_rl.cli.run_cli` takes the signals over for the run itself.
+    :func:`~trio_rl.cli.run_cli` takes the signals over for the run itself. The
+    process ends at once, without unwinding: nothing has started that needs saving.
     """
+    # Raising SystemExit instead can land inside the import machinery (a weakref
+    # callback of its module locks), where Python prints "Exception ignored" and
+    # goes on, and the next import can then wait forever on a lock left held.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(EXIT_INTERRUPTED))
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(EXIT_TERMINATED))
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(EXIT_TERMINATED))
 
 
 def hand_signals_to_trio() -> None:
