@@ -24,7 +24,7 @@ each K, then each policy that admits in-flight weights with them
 - util: sampler utilisation, slot-seconds held (wasted work included) / (128 x makespan);
 - staleness: of each trained group, the training step minus the weights version
   it sampled from; mean and max over trained groups;
-- trained / requeued / dropped: groups;
+- trained / requeued / dropped: groups (requeued: ``run/requeued``, the groups resampled);
 - lag mean, lag max: the lag of each trained token, the training step minus the
   version that produced it, token-weighted mean and max; with snapshot weights
   every token of a group has the group's staleness, in flight each token has
@@ -99,7 +99,7 @@ def make_backend(draw: int = 0, record_calls: bool = True) -> FakeBackend:
 def trained_attempts(backend: FakeBackend) -> list[tuple[int, list[FakeSequence]]]:
     """For each trained group: its training step and the sequences of the attempt that was trained.
 
-    A group sampled again (requeued) is trained from its latest attempt that had
+    A resampled group is trained from its latest attempt that had
     completed by its ``forward_backward``: a new attempt starts only once the
     previous one has been given up.
     """

@@ -9,7 +9,7 @@ cookbook's venv has no trio_rl, hence no import of it here.
   ``[1 + batch, 2 + group, 3 + index]`` (``trio_rl.testing.FakeEnv``'s).
 - Response lengths are lognormal, median 200 tokens, sigma 1, capped at 4,096,
   each fixed by the prompt's first three tokens and the sample index: a
-  hash-seeded draw, so a problem that is hard stays hard when it is sampled again.
+  hash-seeded draw, so a problem that is hard stays hard when it is resampled.
 - The sampler runs 128 sequences at once at 0.5 ms per token; ``forward_backward``
   takes 0.1 s; nothing else takes time.
 """

@@ -252,7 +252,7 @@ def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
         # A real tokenizer may split a number and needs a newline to end it.
         max_tokens = max(max_tokens, 4)
     renderer = Renderer(tokenizer)
-    # Enough batches for every step even when groups are requeued; max_steps ends the run.
+    # Enough batches for every step even when groups are resampled; max_steps ends the run.
     dataset = AdditionDataset(args, renderer, num_batches=4 * args.config.max_steps + 8)
     evaluator = AccuracyEvaluator(renderer, args.max_sum, max_tokens)
     return Experiment(dataset, [evaluator], curve_keys=("eval/accuracy",), config_overrides={"max_tokens": max_tokens})

@@ -2,7 +2,7 @@
 
 Seen from outside the loop: a group is handed out for the first time when its
 builder's ``make_envs`` is first called, and it is consumed at the latest when
-it reaches ``forward_backward`` or, sent back, is handed out again (its second
+it reaches ``forward_backward`` or, resampled, is handed out again (its second
 ``make_envs``), or, filtered for constant rewards, when its rewards are
 computed. Each of these is at or before the moment the loop frees its slot, so
 the count of groups out is never overstated.

@@ -235,7 +235,7 @@ def kept_group_expires_as_the_data_ends() -> dict[str, Any]:
 @given(scenarios())
 # Issue 19, item 13: a stale group kept for a step expires at the step where the
 # data runs out, while the trainer asks for the step's evaluation; whether it
-# was sampled again or dropped depended on which of the trainer and the
+# was resampled or dropped depended on which of the trainer and the
 # dataloader Trio ran first.
 @example(kept_group_expires_as_the_data_ends())
 def test_every_run_is_accounted_for_exactly_once_whatever_the_task_order(
@@ -292,7 +292,7 @@ def test_requeue_resamples_or_drops_the_same_groups_whatever_the_task_order(
     trio_task_order_from_seed: TaskOrder,
 ) -> None:
     # Issue 19, item 13: where the data ends at the step that expires a kept group,
-    # whether it was sampled again or dropped followed Trio's task order.
+    # whether it was resampled or dropped followed Trio's task order.
     s = kept_group_expires_as_the_data_ends()
     outcomes = [run_scenario(trio_task_order_from_seed, s, seed) for seed in range(6)]
     first = outcomes[0]

@@ -24,7 +24,7 @@ async def test_requeue_resamples_stale_groups_then_drops_and_counts_them(
     result = await run_fake(config, dataset, FakeBackend(sample_latency=straggling_group_1, train_latency=0.5))
     summary = result.summary
     assert summary["run/requeued"] > 0
-    # Requeued before the end of data: those groups were built and sampled again.
+    # Resampled before the end of data: those groups had their envs built again.
     assert any(b.attempts > 1 for b in dataset._builders.values())
     assert summary["run/dropped_stale"] > 0
     # Every group was trained once or dropped once: nothing lost, nothing twice.
@@ -99,7 +99,7 @@ async def test_requeue_never_stops_for_rollouts_that_never_finish(log_path: Path
     )
     backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
     result = await run_fake(config, dataset, backend)
-    # The hung rollout was given up once stale, sampled again and trained.
+    # The hung rollout was given up once stale, resampled and trained.
     assert dataset._builders[(0, 1)].attempts == 2
     assert (0, 1) in {key for call in backend.calls_of("forward_backward") for key in call.detail["groups"]}
     # A group that expires at the instant the data runs out is dropped (counted), not resampled.

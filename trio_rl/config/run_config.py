@@ -72,7 +72,7 @@ class Config:
     max_steps: int | None = None
     """stop after this many training steps, counting those before a resume (None: when the data runs out)"""
     remove_constant_reward_groups: bool = False
-    """drop groups whose rewards are all equal (they carry no advantage)"""
+    """filter out groups whose rewards are all equal (they carry no advantage)"""
     num_epochs: int = 1
     """passes over the dataset (tinker-cookbook 0.6.1's): step i trains batch i % len(dataset); steps,
     checkpoints and resume count across epochs, and max_steps caps the total"""

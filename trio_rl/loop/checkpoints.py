@@ -46,7 +46,7 @@ class CheckpointRecord:
         final: whether the run ended here.
         reason: why it was saved (``"periodic"``, ``"final"``, ``"cancelled"``).
         counts: the run's group counts when it was saved (trained, skipped,
-            dropped, requeued, filtered, ...), which a resumed run continues from,
+            dropped, resampled, filtered, ...), which a resumed run continues from,
             as it continues ``cumulative_tokens``.
         owed_evaluations: ``(step, sampler_path)`` of evaluations that were due
             and not yet recorded when the state was saved; a resumed run runs them.

@@ -49,7 +49,7 @@ async def evaluate(
     return results
 
 
-class EvalSchedule:
+class EvalCadence:
     """Which weights versions get evaluated: every ``eval_every``-th and the final one, each once.
 
     The trainer owns it. ``due`` answers at most once per version, so the last
@@ -105,14 +105,14 @@ class EvalRequests:
 
     def __init__(
         self,
-        schedule: EvalSchedule,
+        cadence: EvalCadence,
         send: trio.MemorySendChannel[tuple[int, SamplingClient]],
         weights: LatestWeights,
         pinned: Callable[[int, SamplingClient], Awaitable[SamplingClient]],
         owed: OwedEvaluations | None = None,
         owed_from_before: Sequence[tuple[int, SamplingClient]] = (),
     ) -> None:
-        self._schedule = schedule
+        self._cadence = cadence
         self._send = send
         self._weights = weights
         self._pinned = pinned
@@ -130,7 +130,7 @@ class EvalRequests:
         The client sent is the one ``pinned`` (``StepRunner.weights_to_evaluate``)
         gives for the latest: one that keeps ``version``'s weights while it samples.
         """
-        if self._schedule.due(version, final=final):
+        if self._cadence.due(version, final=final):
             client = await self._pinned(version, self._weights.latest()[1])
             await self.request(version, client)
 

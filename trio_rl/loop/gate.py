@@ -28,9 +28,9 @@ class ConsumptionGate:
 
     An item takes a slot when it is handed out for the first time (attempt 0).
     Its slot is freed at the first fate of its group: trained (its step's
-    weights published), skipped, filtered, dropped, or sent back to be sampled
-    again. A copy handed out again holds no slot, so whatever becomes of it
-    (trained, sent back again, dropped) frees nothing: counting it too would let
+    weights published), skipped, filtered, dropped, or resampled. A copy
+    handed out again holds no slot, so whatever becomes of it (trained,
+    resampled again, dropped) frees nothing: counting it too would let
     one more fresh item in per resample, beyond the bound the dataloader keeps.
 
     The trainer is its only writer. The dataloader waits on it to bound what is
@@ -53,7 +53,7 @@ class ConsumptionGate:
 
         Args:
             items: work items whose groups were trained, skipped, filtered,
-                dropped or sent back; those handed out again (``attempt > 0``)
+                dropped or resampled; those handed out again (``attempt > 0``)
                 hold no slot and are passed over.
         """
         n = sum(1 for item in items if item.attempt == 0)

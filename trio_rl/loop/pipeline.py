@@ -40,7 +40,7 @@ import trio
 from ..backends.protocol import SamplingClient
 from .channels import closed_unless_crashed
 from .checkpoints import CheckpointKeeper
-from .evaluation import EvalRequests, EvalSchedule, OwedEvaluations
+from .evaluation import EvalCadence, EvalRequests, OwedEvaluations
 from .items import DatasetItems
 from .stages.crashes import Crashes
 from .stages.dataloader import dataloader_with_workers
@@ -89,7 +89,7 @@ async def run_pipeline(
         closed_unless_crashed(groups_recv, evals_send),
         run.resampling.closed_unless_crashed(),
     ):
-        due = EvalSchedule(bool(evaluation.evaluators), evaluation.every)
-        evals = EvalRequests(due, evals_send, run.weights, runner.weights_to_evaluate, owed, evaluation.owed)
+        cadence = EvalCadence(bool(evaluation.evaluators), evaluation.every)
+        evals = EvalRequests(cadence, evals_send, run.weights, runner.weights_to_evaluate, owed, evaluation.owed)
         intake = GroupIntake(groups_recv, run, stop_rollouts)
         return await Trainer(stages.trainer, run, TrainerParts(intake, runner, checkpoints, evals, crashes)).run()

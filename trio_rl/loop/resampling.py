@@ -179,7 +179,7 @@ class Resampling:
 
 
 class NoResampling:
-    """The :class:`Resampling` of a run whose schedule never resamples: nothing is sent back, waited out or given up.
+    """The :class:`Resampling` of a run whose schedule never resamples: nothing is resampled, waited out or given up.
 
     It holds no state; with it the stages carry out resampling the same way in
     every mode, and none of them asks whether the run resamples.

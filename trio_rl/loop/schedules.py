@@ -412,7 +412,7 @@ class Requeue(Schedule):
     is if the dataloader still had data then, and it is dropped and counted
     (``async/dropped_stale``) otherwise, so the choice never depends on which
     task Trio ran first. This is tinker-cookbook 0.5.5's policy
-    (``do_async_training``: stale groups requeued until the dataloader is done,
+    (``do_async_training``: stale groups resampled until the dataloader is done,
     discarded after), except that 0.5.5 never gives up a running rollout and
     leaves a last, partial batch untrained.
 

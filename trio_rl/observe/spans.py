@@ -55,7 +55,7 @@ class Activity:
     Attributes:
         what: how the report names it (``group 3/1`` or ``trainer``).
         started: when it began (Trio's clock).
-        attempt: the group's attempt (0 unless it was sampled again).
+        attempt: the group's attempt (0 unless it was resampled).
     """
 
     __slots__ = ("attempt", "started", "what")

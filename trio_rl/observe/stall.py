@@ -36,7 +36,7 @@ class ActivitySeen:
     Attributes:
         what: how the report names it (``group 3/1`` or ``trainer``).
         started: when it began (Trio's clock).
-        attempt: the group's attempt (0 unless it was sampled again).
+        attempt: the group's attempt (0 unless it was resampled).
         waiting: the spans its tasks are suspended inside, by name, and how many tasks wait in each.
     """
 

@@ -69,7 +69,7 @@ class GroupTranscript:
 
     Attributes:
         batch, group: its place in the dataset.
-        attempt: 0 unless it was sampled again.
+        attempt: 0 unless it was resampled.
         version: the weights version it was sampled from.
         tags: the builder's ``logging_tags()``.
         trajectories: each trajectory's transcript.
