@@ -70,7 +70,7 @@ CONFIG = Config(
     save_every=50,
     save_on_cancel=True,
 )
-"""Where this example departs from Config's defaults; every Config field is also a flag (``--learning-rate``)."""
+"""Where this example departs from Config's defaults; every plain Config field is also a flag (``--learning-rate``)."""
 
 
 @dataclass

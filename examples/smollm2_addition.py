@@ -69,7 +69,7 @@ CONFIG = Config(
     eval_every=5,
     save_on_cancel=True,  # Ctrl-C saves the last completed step
 )
-"""Where this example departs from Config's defaults; every Config field is also a flag (``--model``)."""
+"""Where this example departs from Config's defaults; every plain Config field is also a flag (``--model``)."""
 
 
 @dataclass

@@ -68,7 +68,7 @@ CONFIG = Config(
     eval_every=5,
     save_on_cancel=True,
 )
-"""Where this example departs from Config's defaults; every Config field is also a flag (``--model``)."""
+"""Where this example departs from Config's defaults; every plain Config field is also a flag (``--model``)."""
 
 
 @dataclass

@@ -3,7 +3,7 @@
 An example puts its configuration at the top, as a :class:`~trio_rl.Config` that differs
 from Config's defaults where the example needs it, declares its own flags as a dataclass
 deriving from :class:`CommonArgs` (each field is a ``--flag``; its docstring is the help;
-every field of the Config is a flag too), and ends with::
+every plain field of the Config is a flag too), and ends with::
 
     def build(args: Args, tokenizer: LazyTokenizer) -> Experiment:
         ...build the dataset and evaluators from the tokenizer...

@@ -1,4 +1,4 @@
-"""The examples' flags: a :class:`~trio_rl.Config` whose every field is a flag, and the run's own flags.
+"""The examples' flags: a :class:`~trio_rl.Config` whose plain fields are flags, and the run's own flags.
 
 Config's fields become flags as :mod:`trio_rl.cli.config_flags` says, so their names,
 help and checks are written once, in Config. The flags declared here are the command
@@ -40,10 +40,12 @@ class CommonArgs:
     """Flags every example understands; an example subclasses it to add its own and to set its defaults.
 
     ``config`` is the run's :class:`~trio_rl.Config`; an example gives its own as the
-    field's default (``config: Config = CONFIG``), and every Config field is a flag.
-    The run's flags below build Config's structured fields: ``--mode`` with its flags
-    the mode section, ``--error-strategy`` with its flags ``rollout_error_tolerance``,
-    and ``--kl-reference-model`` ``kl_reference_config``.
+    field's default (``config: Config = CONFIG``), and every Config field but the
+    structured ones (:data:`~trio_rl.cli.config_flags.NOT_FLAGS`) is a flag. The run's
+    flags below build those: ``--mode`` with its flags the mode section,
+    ``--error-strategy`` with its flags ``rollout_error_tolerance``,
+    ``--kl-reference-model`` ``kl_reference_config``, and ``--zero-reward-on-limit``
+    ``termination``.
     """
 
     config: Config = COMMAND_LINE_CONFIG
@@ -104,7 +106,7 @@ class CommonArgs:
 def parse_args(cls: type[A], argv: Sequence[str] | None = None, *, description: str = "", **defaults: Any) -> A:
     """Parse ``argv`` into ``cls`` with tyro: each field is a ``--flag-name``, booleans also get ``--no-flag``.
 
-    Every field of ``cls``'s :class:`~trio_rl.Config` is a flag too (see :mod:`trio_rl.cli.config_flags`).
+    Every plain field of ``cls``'s :class:`~trio_rl.Config` is a flag too (see :mod:`trio_rl.cli.config_flags`).
 
     Args:
         cls: a dataclass deriving from :class:`CommonArgs`.
@@ -177,7 +179,7 @@ def make_config(args: CommonArgs, **overrides: Any) -> Config:
         "async_config": None,
         "stream_minibatch_config": None,
     }
-    # The --mode flag picks which of Config's mode sections is set; Config builds the schedule.
+    # The --mode flag picks which of Config's mode sections is set; the run turns that section into its schedule.
     match args.mode:
         case "async":
             # One --loss-fn serves every mode. Left alone, an async run trains the backend's default
