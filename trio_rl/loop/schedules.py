@@ -1,4 +1,4 @@
-"""One schedule per training mode: everything that differs between sync, stream, pace and requeue.
+"""One schedule per training mode: everything that differs between sync, stream, pace, requeue and oldest_first.
 
 | mode | a work item samples from | a step trains | resampled |
 |---|---|---|---|
