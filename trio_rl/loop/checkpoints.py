@@ -44,7 +44,7 @@ class CheckpointRecord:
         outstanding: ``(batch, group)`` items handed out but neither trained nor
             dropped when the state was saved; a resumed run samples them first.
         final: whether the run ended here.
-        reason: why it was saved (``"periodic"``, ``"final"``, ``"cancelled"``).
+        reason: why it was saved (``"periodic"``, ``"rolling"``, ``"final"``, ``"cancelled"``).
         counts: the run's group counts when it was saved (trained, skipped,
             dropped, resampled, filtered, ...), which a resumed run continues from,
             as it continues ``cumulative_tokens``.
