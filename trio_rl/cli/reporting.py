@@ -18,6 +18,7 @@ from .progress import REWARD_KEY
 from .signals import EXIT_CONFIG_ERROR, EXIT_ERROR, EXIT_OK, StopRequest
 
 ERROR_LOG = "error.log"
+"""The file in the run folder that holds the full traceback of a failed run."""
 DEBUG_ENV = "TRIO_RL_DEBUG"
 """Set to 1 to print the whole traceback of a failed run (like ``--debug``)."""
 
@@ -131,4 +132,5 @@ def distinct_leaves(group: BaseExceptionGroup[E]) -> list[E]:
 
 
 config_error_leaves = distinct_leaves
-"""The configuration errors inside a (possibly nested) group, each once: what a host prints."""
+"""The leaves of a (possibly nested) group of configuration errors, each once: what a host that caught
+``except* ConfigError`` prints."""

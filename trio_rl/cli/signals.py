@@ -17,6 +17,7 @@ from typing import IO
 import trio
 
 EXIT_OK = 0
+"""The run finished."""
 EXIT_CONFIG_ERROR = 2
 """What argparse (and so tyro) exits with for a bad flag; an invalid configuration uses it too."""
 EXIT_INTERRUPTED = 130
@@ -27,6 +28,7 @@ EXIT_ERROR = 1
 """The run failed: one line per error, the full traceback in ``error.log`` in the run folder."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a run cleanly: Ctrl-C and ``kill``."""
 _EARLY_SIGNALS: list[int] = []
 """SIGTERMs that arrived after trio.run began but before the watcher listened (see hand_signals_to_trio)."""
 
