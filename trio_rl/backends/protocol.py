@@ -1,8 +1,10 @@
 """The client protocol that every backend speaks, typed with ``tinker.types``.
 
-The pipeline only ever talks to these three protocols, so the same training loop
-runs on :class:`~trio_rl.testing.FakeBackend` (virtual time), ``LocalBackend``
-(torch in-process) and ``TinkerBackend`` (the Tinker service).
+The pipeline only ever talks to these protocols (a backend, its training and
+sampling clients, their pending results, a tokenizer), so the same training loop
+runs on :class:`~trio_rl.testing.FakeBackend` (virtual time), ``LocalBackend`` and
+``HFBackend`` (torch in-process) and ``TinkerBackend`` (the Tinker service or a
+Tinker-compatible server).
 
 Training calls are split into *submit* and *wait*, as on the Tinker service:
 ``await client.forward_backward(...)`` submits the request and returns a

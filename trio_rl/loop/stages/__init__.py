@@ -7,5 +7,6 @@
 - :mod:`~trio_rl.loop.stages.evaluator`: evaluates the weights the trainer sends.
 
 :func:`trio_rl.loop.pipeline.run_pipeline` wires them; :mod:`~trio_rl.loop.stages.run`
-holds what they share.
+holds what they share, and :mod:`~trio_rl.loop.stages.crashes` tells the trainer a stage's
+crash from a cancellation.
 """
