@@ -8,12 +8,17 @@ The model and its BPE tokenizer come from ``tests/integration/tiny_model.py``
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from tinker import types as tinker_types
 
+from tests.pipeline_helpers import make_config
+from trio_rl import Config
 from trio_rl.backends.local.runtime import EngineSettings
 from trio_rl.backends.protocol import TrainingClient
 
@@ -30,6 +35,24 @@ def backend(log_dir: Path, *, num_threads: int = 1, engine: EngineSettings | Non
 
     settings = HFModelSettings(**{"device": "cpu", "dtype": "float32", **model})
     return HFBackend(log_dir=log_dir, num_threads=num_threads, model=settings, engine=engine)
+
+
+@asynccontextmanager
+async def training_client(
+    log_dir: Path, base_model: str, *, lora_rank: int = 4, deadline_s: float = 60.0, **backend_options: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    """An entered :func:`backend` (``backend_options`` as there) and a training client of ``base_model``
+    with seed 0 from it, the block failing once ``deadline_s`` seconds have passed since it opened."""
+    with trio.fail_after(deadline_s):
+        async with backend(log_dir, **backend_options) as be:
+            yield be, await be.create_training_client(base_model=base_model, lora_rank=lora_rank, seed=0)
+
+
+def run_config(log_path: Path, base_model: str, **fields: Any) -> Config:
+    """A sync run of ``base_model`` (:func:`~tests.pipeline_helpers.make_config`'s) on a rank-8 LoRA
+    at learning rate 2e-2, seed 0, but for what ``fields`` set."""
+    defaults = {"base_model": base_model, "lora_rank": 8, "learning_rate": 2e-2, "seed": 0}
+    return make_config(log_path, "sync", **{**defaults, **fields})
 
 
 def datum(tokens: list[int], **inputs: list[float]) -> tinker_types.Datum:
