@@ -1,4 +1,5 @@
-"""Shared fixtures: a run folder, readers of the JSONL files a run writes, and Trio's task order by seed."""
+"""Shared fixtures: a run folder, readers of the JSONL files a run writes, Trio's task order by seed and
+the tiny HF models; and the importer of the examples."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import contextlib
 import importlib
 import json
 import random
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from tests.integration.tiny_model import TinyModel
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 TaskOrder = Callable[[int], contextlib.AbstractContextManager[None]]
 """``with task_order(seed):``: Trio runs ready tasks in the order ``random.Random(seed)`` draws."""
@@ -30,6 +35,13 @@ def read_metrics_by_step(path: Path) -> list[dict[str, Any]]:
     for record in read_jsonl(path):
         merged.setdefault(record["step"], {}).update(record)
     return [merged[step] for step in sorted(merged)]
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py``, imported as the module ``name`` (as the examples import each other)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
 
 
 @pytest.fixture
