@@ -1,5 +1,5 @@
-"""Shared fixtures: a run folder, readers of the JSONL files a run writes, Trio's task order by seed and
-the tiny HF models; and the importer of the examples."""
+"""Shared fixtures: a run folder, readers of the JSONL files a run writes, Trio's task order by seed, the
+SDK stand-in and the tiny HF models; and the importer of the examples."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 if TYPE_CHECKING:
     from tests.integration.tiny_model import TinyModel
+    from tests.tinker_sdk_standin import StandinServiceClient
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -74,6 +75,15 @@ def trio_task_order_from_seed(monkeypatch: pytest.MonkeyPatch) -> TaskOrder:
             yield
 
     return task_order
+
+
+@pytest.fixture
+def service() -> Iterator[StandinServiceClient]:
+    """A running SDK stand-in (tests/tinker_sdk_standin.py) with its default settings, for TinkerBackend."""
+    from tests.tinker_sdk_standin import open_standin_service
+
+    with open_standin_service() as service:
+        yield service
 
 
 def _tiny_model_builder() -> Callable[..., TinyModel]:

@@ -9,7 +9,7 @@ training request names them through each Datum's provenance (``Datum.with_proven
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,12 +33,6 @@ needs_stable_reinforce = pytest.mark.skipif(
 BASE_MODEL = "standin/base"
 PARAMS = tinker_types.SamplingParams(max_tokens=3, seed=0)
 PROMPT = [5, 6, 7]
-
-
-@pytest.fixture
-def service() -> Iterator[StandinServiceClient]:
-    with open_standin_service() as service:
-        yield service
 
 
 @asynccontextmanager
