@@ -11,16 +11,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from tinker import types as tinker_types
 
+from tests.integration.tiny_model import TinyModel
 from tests.pipeline_helpers import make_config
 from trio_rl import Config
 from trio_rl.backends.local.runtime import EngineSettings
 from trio_rl.backends.protocol import TrainingClient
+
+if TYPE_CHECKING:
+    import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -65,6 +69,24 @@ TRAIN_DATA = [datum([5, 17, 42, 99, 7, 3], weights=[1.0] * 5), datum([8, 8, 100,
 """Two small cross-entropy Datums that tests train a tiny model on for a few steps."""
 
 TRAIN_ADAM = tinker_types.AdamParams(learning_rate=5e-2)
+
+
+async def forward_backward_once(
+    log_dir: Path, model: TinyModel, data: list[tinker_types.Datum], loss_fn: str, token_budget: int
+) -> tuple[tinker_types.ForwardBackwardOutput, dict[str, torch.Tensor]]:
+    """One forward_backward of ``data`` on a fresh LoRA of ``model`` whose B matrices are nonzero (so the
+    A matrices get gradients too), micro-batched by ``token_budget``: its output and each trained
+    parameter's gradient."""
+    import torch
+
+    async with backend(log_dir, token_budget=token_budget) as be:
+        trainer = await be.create_training_client(base_model=model.path, lora_rank=4, seed=0)
+        with torch.no_grad():
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+        out = await (await trainer.forward_backward(data, loss_fn)).result()
+        return out, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
 
 async def train_steps(trainer: TrainingClient, steps: int) -> None:
