@@ -1,4 +1,5 @@
-"""Shared fixtures: a run folder, readers of the JSONL files a run writes, and Trio's task order by seed."""
+"""Shared fixtures: a run folder, readers of the JSONL files a run writes, Trio's task order by seed, the
+SDK stand-in and the tiny HF models; and the importer of the examples."""
 
 from __future__ import annotations
 
@@ -6,14 +7,19 @@ import contextlib
 import importlib
 import json
 import random
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from tests.integration.tiny_model import TinyModel
+    from tests.tinker_sdk_standin import StandinServiceClient
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 TaskOrder = Callable[[int], contextlib.AbstractContextManager[None]]
 """``with task_order(seed):``: Trio runs ready tasks in the order ``random.Random(seed)`` draws."""
@@ -30,6 +36,13 @@ def read_metrics_by_step(path: Path) -> list[dict[str, Any]]:
     for record in read_jsonl(path):
         merged.setdefault(record["step"], {}).update(record)
     return [merged[step] for step in sorted(merged)]
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py``, imported as the module ``name`` (as the examples import each other)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
 
 
 @pytest.fixture
@@ -62,6 +75,15 @@ def trio_task_order_from_seed(monkeypatch: pytest.MonkeyPatch) -> TaskOrder:
             yield
 
     return task_order
+
+
+@pytest.fixture
+def service() -> Iterator[StandinServiceClient]:
+    """A running SDK stand-in (tests/tinker_sdk_standin.py) with its default settings, for TinkerBackend."""
+    from tests.tinker_sdk_standin import open_standin_service
+
+    with open_standin_service() as service:
+        yield service
 
 
 def _tiny_model_builder() -> Callable[..., TinyModel]:

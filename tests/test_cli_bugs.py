@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -13,18 +11,12 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import load_example
 from trio_rl import Config, KLReferenceConfig, TerminationRewardPolicy
 from trio_rl.cli.config_flags import NOT_FLAGS
 from trio_rl.config import LOSS_FNS, AsyncConfig, StreamMinibatchConfig
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2}
-
-
-def load(name: str) -> ModuleType:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module(name)
 
 
 def exit_code(main: Callable[..., int], argv: list[str], **overrides: Any) -> int:
@@ -36,7 +28,7 @@ def exit_code(main: Callable[..., int], argv: list[str], **overrides: Any) -> in
 
 
 def test_an_unknown_loss_names_the_choices_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     assert exit_code(arithmetic.main, ["--log-path", str(tmp_path), "--loss-fn", "bogus"], **TINY) == 2
     err = capsys.readouterr().err
     assert "bogus" in err and "importance_sampling" in err and "cispo" in err
@@ -44,7 +36,7 @@ def test_an_unknown_loss_names_the_choices_and_exits_2(tmp_path: Path, capsys: p
 
 
 def test_an_unknown_mode_exits_2_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     assert exit_code(arithmetic.main, ["--log-path", str(tmp_path), "--mode", "foo"], **TINY) == 2
     err = capsys.readouterr().err
     assert "foo" in err and "sync" in err and "stream" in err
@@ -54,7 +46,7 @@ def test_an_unknown_mode_exits_2_without_a_traceback(tmp_path: Path, capsys: pyt
 def test_an_invalid_value_checked_by_the_config_prints_its_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
     assert exit_code(arithmetic.main, argv, **TINY) == 2
     err = capsys.readouterr().err
@@ -71,7 +63,7 @@ def _progress_lines(err: str) -> list[str]:
 
 
 def test_no_progress_turns_the_progress_lines_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     argv = ["--max-steps", "3", "--groups-per-batch", "2", "--group-size", "2", "--mode", "sync", "--eval-every", "0"]
     assert arithmetic.main([*argv, "--log-path", str(tmp_path / "on")], **TINY) == 0
     assert len(_progress_lines(capsys.readouterr().err)) == 1  # not a terminal: a plain line at the last step
@@ -115,7 +107,7 @@ def flag_names(args: type) -> list[str]:
 def test_help_shows_help_and_default_for_every_flag(
     example: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = load(example)
+    module = load_example(example)
     text = _help_text(module, monkeypatch, capsys)
     flags = flag_names(module.Args)
     # No other flag either (no --config.* prefix, no subcommand for a structured field).
@@ -132,7 +124,7 @@ def test_help_shows_help_and_default_for_every_flag(
 def test_enum_like_flags_offer_their_choices(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text = _help_text(load("guess_number"), monkeypatch, capsys)
+    text = _help_text(load_example("guess_number"), monkeypatch, capsys)
     assert "{sync,stream,async}" in text
     assert "{oldest_first,pace,requeue}" in text
     # The losses Config.validate accepts, as the installed tinker SDK lists them.
@@ -209,7 +201,7 @@ def test_a_flag_reaches_its_config_field(flags: list[str], name: str, expected: 
 
 
 def test_the_embedding_host_prints_a_config_error_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    embedding = load("embedding")
+    embedding = load_example("embedding")
     argv = ["--log-path", str(tmp_path), "--mode", "stream", "--groups-per-batch", "4", "--num-minibatches", "3"]
     assert embedding.main(argv, **TINY) == 2
     err = capsys.readouterr().err
@@ -223,7 +215,7 @@ def test_a_group_size_below_one_is_refused_with_exit_2(
     flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # It used to train nothing and exit 0 ("last reward nan").
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     code = arithmetic.main(["--log-path", str(tmp_path / "run"), *flags])
     assert code == 2
     err = capsys.readouterr().err

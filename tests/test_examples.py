@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import read_jsonl
+from tests.conftest import load_example, read_jsonl
 from trio_rl import TokensWithLogprobs, Trajectory, Transition, trajectory_to_data
 from trio_rl.backends.local import CharTokenizer
 from trio_rl.cli import LazyTokenizer
 from trio_rl.loop.checkpoints import CheckpointLog
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY: dict[str, Any] = {"d_model": 16, "n_layers": 1, "n_heads": 2, "progress": False}
-
-
-def load(name: str) -> ModuleType:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module(name)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +27,7 @@ def load(name: str) -> ModuleType:
     ],
 )
 def test_arithmetic_runs_in_every_mode(tmp_path: Path, flags: list[str]) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     argv = ["--log-path", str(tmp_path), "--max-steps", "3", "--groups-per-batch", "4", "--group-size", "2"]
     argv += ["--eval-every", "2", "--save-every", "2", *flags]
     assert arithmetic.main(argv, **TINY) == 0
@@ -53,7 +43,7 @@ def test_arithmetic_runs_in_every_mode(tmp_path: Path, flags: list[str]) -> None
 
 
 def test_arithmetic_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     argv = ["--log-path", str(tmp_path), "--groups-per-batch", "2", "--group-size", "2", "--mode", "sync"]
     assert arithmetic.main([*argv, "--max-steps", "2"], **TINY) == 0
     assert arithmetic.main([*argv, "--max-steps", "4", "--resume"], **TINY) == 0
@@ -62,7 +52,7 @@ def test_arithmetic_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
 
 
 def test_arithmetic_reward_is_exact_or_partial() -> None:
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     tokenizer = CharTokenizer(arithmetic.ALPHABET)
     renderer = arithmetic.Renderer(LazyTokenizer(tokenizer))
     env = arithmetic.AdditionEnv(3, 4, renderer, near_miss_reward=0.5)
@@ -83,7 +73,7 @@ def test_arithmetic_reward_is_exact_or_partial() -> None:
 
 
 def test_guess_number_runs_and_merges_turns(tmp_path: Path) -> None:
-    guess_number = load("guess_number")
+    guess_number = load_example("guess_number")
     argv = ["--log-path", str(tmp_path), "--max-steps", "3", "--groups-per-batch", "2", "--group-size", "4"]
     assert guess_number.main([*argv, "--eval-every", "3"], **TINY) == 0
     records = read_jsonl(tmp_path / "metrics.jsonl")
@@ -92,7 +82,7 @@ def test_guess_number_runs_and_merges_turns(tmp_path: Path) -> None:
 
 
 def test_guess_number_observations_extend_so_an_episode_is_one_datum() -> None:
-    guess_number = load("guess_number")
+    guess_number = load_example("guess_number")
     import trio
 
     tokenizer = CharTokenizer(guess_number.ALPHABET)
@@ -124,7 +114,7 @@ def test_guess_number_observations_extend_so_an_episode_is_one_datum() -> None:
 
 
 def test_embedding_host_stops_the_run_early(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    embedding = load("embedding")
+    embedding = load_example("embedding")
     argv = ["--log-path", str(tmp_path), "--groups-per-batch", "2", "--group-size", "2", "--save-every", "0"]
     assert embedding.main([*argv, "--stop-after", "3", "--threshold", "2.0"], **TINY) == 0
     out = capsys.readouterr().out

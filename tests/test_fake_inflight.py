@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -53,6 +54,22 @@ async def publish_at(training: FakeTrainingClient, at: float, steps: int = 1) ->
     return await training.save_weights_for_sampler(f"{training.version:06d}", inflight=True)
 
 
+async def sample_across_a_publish(
+    backend: FakeBackend, at: float, prompt: list[int], *, num_samples: int = 1, cancel_after: float = math.inf
+) -> tuple[FakeSamplingClient, tinker_types.SampleResponse | None]:
+    """Sample ``prompt`` from an in-flight client of ``backend``'s version 0 while version 1 is
+    published at virtual time ``at``: the client, and the response (None if the request was
+    cancelled, which it is after ``cancel_after`` s)."""
+    training, client = await inflight_client(backend)
+    response = None
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish_at, training, at)
+            with trio.move_on_after(cancel_after):
+                response = await sample(client, prompt, num_samples)
+    return client, response
+
+
 def expected_versions(backend: FakeBackend, sequence: FakeSequence, floor: int) -> list[int]:
     """Each token's version from the recorded in-flight saves: the newest one before the token's time."""
     saves = [(c.time, c.version) for c in backend.calls_of("save_weights_for_sampler") if c.detail["inflight"]]
@@ -65,12 +82,9 @@ def expected_versions(backend: FakeBackend, sequence: FakeSequence, floor: int) 
 
 async def test_a_sequence_spanning_a_publish_carries_both_versions(autojump_clock: trio.testing.MockClock) -> None:
     backend = modelled()
-    training, client = await inflight_client(backend)
+    client, response = await sample_across_a_publish(backend, 3.5, [10, 1])
     assert client.inflight and client.version == 0
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(publish_at, training, 3.5)
-            response = await sample(client, [10, 1])
+    assert response is not None
     (sequence,) = backend.sequences
     # Tokens are produced at 1, 2, ..., 10 s; the weights of step 1 arrive at 3.5 s.
     assert sequence.token_versions == (0, 0, 0, 1, 1, 1, 1, 1, 1, 1)
@@ -84,13 +98,9 @@ async def test_a_sequence_spanning_a_publish_carries_both_versions(autojump_cloc
 async def test_a_publish_at_the_instant_of_a_token_counts_from_the_next_token(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # Token 2 is produced at exactly 3 s, when version 1 is published.
     backend = modelled()
-    training, client = await inflight_client(backend)
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            # Token 2 is produced at exactly 3 s, when version 1 is published.
-            nursery.start_soon(publish_at, training, 3.0)
-            await sample(client, [5, 1])
+    await sample_across_a_publish(backend, 3.0, [5, 1])
     assert backend.sequences[0].token_versions == (0, 0, 0, 1, 1)
 
 
@@ -196,12 +206,8 @@ async def test_a_slow_inflight_save_publishes_when_it_returns_and_a_cancelled_on
 async def test_without_the_sampler_model_every_token_has_the_version_when_it_was_served(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(sample_latency=2.0)
-    training, client = await inflight_client(backend)
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(publish_at, training, 1.0)
-            response = await sample(client, [3, 1], num_samples=3)
+    _, response = await sample_across_a_publish(FakeBackend(sample_latency=2.0), 1.0, [3, 1], num_samples=3)
+    assert response is not None
     for sequence in response.sequences:
         assert token_versions(sequence) == [1] * len(sequence.tokens)
 
@@ -249,12 +255,8 @@ async def test_a_cancelled_sequence_records_the_versions_of_the_tokens_it_produc
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = modelled()
-    training, client = await inflight_client(backend)
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(publish_at, training, 2.5)
-            with trio.move_on_after(4.5):
-                await sample(client, [10, 1])
+    _, response = await sample_across_a_publish(backend, 2.5, [10, 1], cancel_after=4.5)
+    assert response is None
     (sequence,) = backend.sequences
     # Cancelled at 4.5 s: tokens at 1, 2, 3 and 4 s were produced, the weights of step 1 from 2.5 s on.
     assert sequence.cancelled and sequence.token_versions == (0, 0, 1, 1)

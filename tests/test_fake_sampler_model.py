@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,17 +60,29 @@ async def sample_at(
     return response
 
 
+async def sample_all(
+    client: FakeSamplingClient,
+    requests: Sequence[tuple[float, list[int]]],
+    passes: Mapping[tuple[int, ...], int] | None = None,
+) -> dict[tuple[int, ...], float]:
+    """Send every ``(at, prompt)`` request by :func:`sample_at`, each in a task of its own, started in
+    this order (``passes[prompt]`` scheduler passes late); when each returned."""
+    done: dict[tuple[int, ...], float] = {}
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            for at, prompt in requests:
+                late = (passes or {}).get(tuple(prompt), 0)
+                nursery.start_soon(partial(sample_at, passes=late), client, at, prompt, done)
+    return done
+
+
 def by_prompt(sequences: list[FakeSequence]) -> dict[tuple[int, ...], FakeSequence]:
     return {(*s.prompt, s.sample_index): s for s in sequences}
 
 
 async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.testing.MockClock) -> None:
     backend, client = await first_token_sampler(slots=2, token_latency=1.0)
-    done: dict[tuple[int, ...], float] = {}
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            for prompt in ([3, 1], [3, 2], [3, 3], [4, 4]):
-                nursery.start_soon(sample_at, client, 0.0, prompt, done)
+    done = await sample_all(client, [(0.0, [3, 1]), (0.0, [3, 2]), (0.0, [3, 3]), (0.0, [4, 4])])
     # Two run at once; the next two wait for them, 3 tokens x 1 s each.
     assert done == {(3, 1): 3.0, (3, 2): 3.0, (3, 3): 6.0, (4, 4): 7.0}
     queued = [s for s in backend.sequences if s.started > s.requested]
@@ -79,14 +91,9 @@ async def test_a_full_sampler_queues_until_a_slot_frees(autojump_clock: trio.tes
 
 async def test_waiting_sequences_start_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
     backend, client = await first_token_sampler(slots=1, token_latency=1.0)
-    done: dict[tuple[int, ...], float] = {}
-    arrivals = {(10, 0): 0.0, (1, 1): 3.0, (2, 2): 1.0, (1, 3): 2.0, (1, 4): 2.0}
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            for prompt, at in arrivals.items():
-                # (1, 3) reaches the sampler two scheduler passes after (1, 4), at the same instant.
-                passes = 2 if prompt == (1, 3) else 0
-                nursery.start_soon(partial(sample_at, passes=passes), client, at, list(prompt), done)
+    arrivals = [(0.0, [10, 0]), (3.0, [1, 1]), (1.0, [2, 2]), (2.0, [1, 3]), (2.0, [1, 4])]
+    # (1, 3) reaches the sampler two scheduler passes after (1, 4), at the same instant.
+    done = await sample_all(client, arrivals, passes={(1, 3): 2})
     starts = [(s.prompt, s.requested, s.started) for s in backend.sequences]
     # Arrival order, and within one instant the order of the prompts, whichever pass they came in.
     assert starts == [
@@ -103,12 +110,8 @@ async def test_a_free_slot_goes_to_the_first_prompt_of_its_instant_not_the_first
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend, client = await first_token_sampler(slots=1, token_latency=1.0)
-    done: dict[tuple[int, ...], float] = {}
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            # (5, 1) reaches the free slot's sampler two scheduler passes before (4, 2).
-            nursery.start_soon(partial(sample_at, passes=0), client, 1.0, [5, 1], done)
-            nursery.start_soon(partial(sample_at, passes=2), client, 1.0, [4, 2], done)
+    # (5, 1) reaches the free slot's sampler two scheduler passes before (4, 2).
+    done = await sample_all(client, [(1.0, [5, 1]), (1.0, [4, 2])], passes={(4, 2): 2})
     assert [(s.prompt, s.started) for s in backend.sequences] == [((4, 2), 1.0), ((5, 1), 5.0)]
     assert done == {(4, 2): 5.0, (5, 1): 10.0}
 
@@ -138,12 +141,7 @@ async def test_a_zero_length_sequence_waits_its_turn_and_holds_no_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend, client = await first_token_sampler(slots=1, token_latency=1.0)
-    done: dict[tuple[int, ...], float] = {}
-    with trio.fail_after(DEADLINE_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sample_at, client, 0.0, [2, 1], done)
-            nursery.start_soon(sample_at, client, 0.5, [0, 2], done)
-            nursery.start_soon(sample_at, client, 0.5, [1, 3], done)
+    done = await sample_all(client, [(0.0, [2, 1]), (0.5, [0, 2]), (0.5, [1, 3])])
     recorded = by_prompt(backend.sequences)
     empty, one = recorded[(0, 2, 0)], recorded[(1, 3, 0)]
     assert (empty.length, empty.started, empty.ended) == (0, 2.0, 2.0)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.conftest import read_jsonl
+from tests.conftest import load_example, read_jsonl
 from tests.integration.tiny_model import TinyModel
 from trio_rl import CheckpointLog
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -29,9 +25,7 @@ def tiny_chat_example(tmp_path: Path, tiny_model: TinyModel, module: str) -> tup
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     tokenizer.chat_template = CHATML
     tokenizer.save_pretrained(str(model_dir))
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return model_dir, importlib.import_module(module)
+    return model_dir, load_example(module)
 
 
 def test_the_smollm2_example_runs_two_steps_on_a_tiny_chat_model(tmp_path: Path, tiny_model: TinyModel) -> None:

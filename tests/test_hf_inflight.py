@@ -11,7 +11,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum
+from tests.hf_helpers import backend, datum, training_client
 from tests.inflight_helpers import fresh_logprobs, span_a_publish
 from tests.integration.tiny_model import TinyModel
 from trio_rl.backends import EngineSettings
@@ -108,23 +108,21 @@ async def test_snapshot_clients_and_the_prefix_cache_across_publishes(
     peaked_tiny_model: TinyModel,
 ) -> None:
     params = tinker_types.SamplingParams(max_tokens=4, seed=3, stop=[])
-    with trio.fail_after(120):
-        async with backend(tmp_path) as be:
-            trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=4, seed=0)
-            tok = await trainer.get_tokenizer()
-            prompt = tok.encode(TEXTS[0])
-            model_input = tinker_types.ModelInput.from_ints(prompt)
-            inflight = await trainer.save_weights_for_sampler("000000", inflight=True)
-            pinned = await trainer.save_weights_for_sampler("pinned")
-            pinned_before = await pinned.sample(model_input, 1, params)
-            first = await inflight.sample(model_input, 1, params)
-            again = await inflight.sample(model_input, 1, params)
-            await _train_one_step(trainer, tok)
-            await trainer.save_weights_for_sampler("000001", inflight=True)
-            v1 = await trainer.create_sampling_client()
-            fresh = await inflight.sample(model_input, 1, params)
-            expected = await fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
-            pinned_after = await pinned.sample(model_input, 1, params)
+    async with training_client(tmp_path, peaked_tiny_model.path, deadline_s=120) as (_, trainer):
+        tok = await trainer.get_tokenizer()
+        prompt = tok.encode(TEXTS[0])
+        model_input = tinker_types.ModelInput.from_ints(prompt)
+        inflight = await trainer.save_weights_for_sampler("000000", inflight=True)
+        pinned = await trainer.save_weights_for_sampler("pinned")
+        pinned_before = await pinned.sample(model_input, 1, params)
+        first = await inflight.sample(model_input, 1, params)
+        again = await inflight.sample(model_input, 1, params)
+        await _train_one_step(trainer, tok)
+        await trainer.save_weights_for_sampler("000001", inflight=True)
+        v1 = await trainer.create_sampling_client()
+        fresh = await inflight.sample(model_input, 1, params)
+        expected = await fresh_logprobs(v1, prompt, list(fresh.sequences[0].tokens))
+        pinned_after = await pinned.sample(model_input, 1, params)
     assert first.prompt_cache_hit_tokens == 0 and again.prompt_cache_hit_tokens == len(prompt)
     assert token_versions(again.sequences[0]) == [0] * 4
     # The publish emptied the in-flight cache: the prompt is prefilled again, under the new weights.
@@ -141,16 +139,14 @@ async def test_published_snapshots_release_the_adapters_they_replace(
     tmp_path: Path,
     peaked_tiny_model: TinyModel,
 ) -> None:
-    with trio.fail_after(120):
-        async with backend(tmp_path) as be:
-            trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=4, seed=0)
-            inflight = await trainer.save_weights_for_sampler("000000", inflight=True)
-            first = weakref.ref(inflight._engine._snapshot)
-            for step in range(1, 5):
-                await trainer.save_weights_for_sampler(f"{step:06d}", inflight=True)
-            gc.collect()
-            assert first() is None
-            # One adapter samples, one was freed by the last publish for the next one to reuse.
-            assert len(trainer.policy._pairs) == 2
-            response = await inflight.sample(tinker_types.ModelInput.from_ints([1, 2, 3]), 1, SPAN)
+    async with training_client(tmp_path, peaked_tiny_model.path, deadline_s=120) as (_, trainer):
+        inflight = await trainer.save_weights_for_sampler("000000", inflight=True)
+        first = weakref.ref(inflight._engine._snapshot)
+        for step in range(1, 5):
+            await trainer.save_weights_for_sampler(f"{step:06d}", inflight=True)
+        gc.collect()
+        assert first() is None
+        # One adapter samples, one was freed by the last publish for the next one to reuse.
+        assert len(trainer.policy._pairs) == 2
+        response = await inflight.sample(tinker_types.ModelInput.from_ints([1, 2, 3]), 1, SPAN)
     assert token_versions(response.sequences[0]) == [0] * 8

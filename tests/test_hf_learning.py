@@ -10,12 +10,11 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend
+from tests.hf_helpers import backend, run_config
 from tests.integration.tiny_model import TinyModel
 from trio_rl import (
     ActionExtra,
     AsyncConfig,
-    Config,
     Env,
     EnvGroupBuilder,
     Metrics,
@@ -68,16 +67,11 @@ class EvenTokensDataset(RLDataset):
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_the_policy_learns_through_train(tmp_path: Path, peaked_tiny_model: TinyModel, mode: str) -> None:
-    config = Config(
-        log_path=tmp_path / "run",
-        base_model=peaked_tiny_model.path,
-        lora_rank=8,
-        learning_rate=2e-2,
+    config = run_config(
+        tmp_path / "run",
+        peaked_tiny_model.path,
         max_tokens=6,
         max_steps=24,
-        eval_every=0,
-        save_every=0,
-        seed=0,
         async_config=AsyncConfig(max_steps_off_policy=1, groups_per_batch=4, loss_fn="importance_sampling") if mode == "async" else None,
     )
     with trio.fail_after(120):

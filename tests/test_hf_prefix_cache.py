@@ -10,7 +10,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend
+from tests.hf_helpers import backend, training_client
 from tests.integration.tiny_model import TinyModel
 from tests.prefill_helpers import count_prefilled_tokens, sample_each
 from trio_rl.backends import EngineSettings
@@ -87,18 +87,16 @@ async def test_a_turn_two_prompt_prefills_only_its_new_tokens(
     tmp_path: Path,
     peaked_tiny_model: TinyModel,
 ) -> None:
-    with trio.fail_after(120):
-        async with backend(tmp_path) as be:
-            trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=4, seed=0)
-            tok = await trainer.get_tokenizer()
-            sampler = await trainer.save_weights_for_sampler("s0")
-            passes = count_prefilled_tokens(sampler)
-            turn_one = tok.encode(SYSTEM + "3 + 4?")
-            first = await _sample(sampler, turn_one, 1)
-            turn_two = [*turn_one, *first.sequences[0].tokens, *tok.encode(" And 2 + 2?")]
-            second = await _sample(sampler, turn_two, 2)
-            inside = await _sample(sampler, turn_one[:5], 3)
-            again = await _sample(sampler, turn_one[:5], 3)
+    async with training_client(tmp_path, peaked_tiny_model.path, deadline_s=120) as (_, trainer):
+        tok = await trainer.get_tokenizer()
+        sampler = await trainer.save_weights_for_sampler("s0")
+        passes = count_prefilled_tokens(sampler)
+        turn_one = tok.encode(SYSTEM + "3 + 4?")
+        first = await _sample(sampler, turn_one, 1)
+        turn_two = [*turn_one, *first.sequences[0].tokens, *tok.encode(" And 2 + 2?")]
+        second = await _sample(sampler, turn_two, 2)
+        inside = await _sample(sampler, turn_one[:5], 3)
+        again = await _sample(sampler, turn_one[:5], 3)
     assert (first.prompt_cache_hit_tokens, second.prompt_cache_hit_tokens) == (0, len(turn_one))
     assert (inside.prompt_cache_hit_tokens, again.prompt_cache_hit_tokens) == (4, 5)
     assert passes == [[len(turn_one)], [len(turn_two) - len(turn_one)], [1]]

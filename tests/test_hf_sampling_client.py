@@ -14,7 +14,7 @@ import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, train_steps
+from tests.hf_helpers import backend, run_config, train_steps, training_client
 from tests.integration.tiny_model import TinyModel
 from tests.test_hf_learning import EvenTokensDataset
 from trio_rl import Config, KLReferenceConfig, train
@@ -37,46 +37,42 @@ def _assert_same(got: list[float | None], want: list[float | None]) -> None:
 async def test_a_base_model_sampler_scores_as_the_untrained_policy(
     tmp_path: Path, peaked_tiny_model: TinyModel, lora_rank: int
 ) -> None:
-    with trio.fail_after(60):
-        async with backend(tmp_path) as be:
-            trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=lora_rank, seed=0)
-            untrained = await (await trainer.save_weights_for_sampler("s0")).compute_logprobs(SEQUENCE)
-            await train_steps(trainer, 2)
-            trained = await (await trainer.save_weights_for_sampler("s2")).compute_logprobs(SEQUENCE)
-            base = await be.create_sampling_client(base_model=peaked_tiny_model.path)
-            assert base.model_path is None
-            # A fresh LoRA adapter adds exactly nothing, so the base model is the untrained policy;
-            # the trained one has moved away from it.
-            _assert_same(await base.compute_logprobs(SEQUENCE), untrained)
-            assert trained[1:] != pytest.approx(untrained[1:], abs=1e-3)
-            # It samples too, and training the policy further does not move it.
-            first = await base.sample(PROMPT, 2, PARAMS)
-            await train_steps(trainer, 1)
-            again = await base.sample(PROMPT, 2, PARAMS)
-            assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
-            assert all(len(s.tokens) == 6 for s in first.sequences)
+    async with training_client(tmp_path, peaked_tiny_model.path, lora_rank=lora_rank) as (be, trainer):
+        untrained = await (await trainer.save_weights_for_sampler("s0")).compute_logprobs(SEQUENCE)
+        await train_steps(trainer, 2)
+        trained = await (await trainer.save_weights_for_sampler("s2")).compute_logprobs(SEQUENCE)
+        base = await be.create_sampling_client(base_model=peaked_tiny_model.path)
+        assert base.model_path is None
+        # A fresh LoRA adapter adds exactly nothing, so the base model is the untrained policy;
+        # the trained one has moved away from it.
+        _assert_same(await base.compute_logprobs(SEQUENCE), untrained)
+        assert trained[1:] != pytest.approx(untrained[1:], abs=1e-3)
+        # It samples too, and training the policy further does not move it.
+        first = await base.sample(PROMPT, 2, PARAMS)
+        await train_steps(trainer, 1)
+        again = await base.sample(PROMPT, 2, PARAMS)
+        assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+        assert all(len(s.tokens) == 6 for s in first.sequences)
 
 
 @pytest.mark.parametrize("lora_rank", [4, 0])
 async def test_a_saved_sampler_or_state_scores_as_the_training_clients_own_sampler(
     tmp_path: Path, peaked_tiny_model: TinyModel, lora_rank: int
 ) -> None:
-    with trio.fail_after(60):
-        async with backend(tmp_path) as be:
-            trainer = await be.create_training_client(base_model=peaked_tiny_model.path, lora_rank=lora_rank, seed=0)
-            await train_steps(trainer, 2)
-            own = await trainer.save_weights_for_sampler("w2")
-            state = await trainer.save_state("s2")
-            assert own.model_path is not None
-            want = await own.compute_logprobs(SEQUENCE)
-            want_sample = await own.sample(PROMPT, 2, PARAMS)
-            await train_steps(trainer, 1)  # the trainer moves on; the folders keep step 2's weights
-            for path in (own.model_path, state):
-                loaded = await be.create_sampling_client(base_model=peaked_tiny_model.path, model_path=path)
-                assert loaded.model_path == path
-                _assert_same(await loaded.compute_logprobs(SEQUENCE), want)
-                got_sample = await loaded.sample(PROMPT, 2, PARAMS)
-                assert [s.tokens for s in got_sample.sequences] == [s.tokens for s in want_sample.sequences]
+    async with training_client(tmp_path, peaked_tiny_model.path, lora_rank=lora_rank) as (be, trainer):
+        await train_steps(trainer, 2)
+        own = await trainer.save_weights_for_sampler("w2")
+        state = await trainer.save_state("s2")
+        assert own.model_path is not None
+        want = await own.compute_logprobs(SEQUENCE)
+        want_sample = await own.sample(PROMPT, 2, PARAMS)
+        await train_steps(trainer, 1)  # the trainer moves on; the folders keep step 2's weights
+        for path in (own.model_path, state):
+            loaded = await be.create_sampling_client(base_model=peaked_tiny_model.path, model_path=path)
+            assert loaded.model_path == path
+            _assert_same(await loaded.compute_logprobs(SEQUENCE), want)
+            got_sample = await loaded.sample(PROMPT, 2, PARAMS)
+            assert [s.tokens for s in got_sample.sequences] == [s.tokens for s in want_sample.sequences]
 
 
 async def test_bad_paths_and_an_unentered_backend_are_named(tmp_path: Path, tiny_model: TinyModel) -> None:
@@ -99,16 +95,11 @@ async def test_bad_paths_and_an_unentered_backend_are_named(tmp_path: Path, tiny
 async def test_a_run_with_a_kl_penalty_against_the_base_model_trains_on_hf_backend(
     tmp_path: Path, peaked_tiny_model: TinyModel
 ) -> None:
-    config = Config(
-        log_path=tmp_path / "run",
-        base_model=peaked_tiny_model.path,
-        lora_rank=8,
-        learning_rate=2e-2,
+    config = run_config(
+        tmp_path / "run",
+        peaked_tiny_model.path,
         max_tokens=4,
         max_steps=3,
-        eval_every=0,
-        save_every=0,
-        seed=0,
         kl_penalty_coef=0.1,
         kl_reference_config=KLReferenceConfig(peaked_tiny_model.path),
     )
@@ -141,9 +132,9 @@ class _ScoreOrHang:
 
 
 def _owing_config(tmp_path: Path, model: TinyModel, save_every: int, **extra: object) -> Config:
-    return Config(
-        log_path=tmp_path / "run",
-        base_model=model.path,
+    return run_config(
+        tmp_path / "run",
+        model.path,
         lora_rank=4,
         learning_rate=5e-2,
         max_tokens=4,
@@ -151,8 +142,7 @@ def _owing_config(tmp_path: Path, model: TinyModel, save_every: int, **extra: ob
         eval_every=2,
         save_every=save_every,
         save_on_cancel=True,
-        seed=0,
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 

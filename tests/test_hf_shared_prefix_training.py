@@ -17,7 +17,7 @@ import torch
 import trio
 from tinker import types as tinker_types
 
-from tests.hf_helpers import backend, datum
+from tests.hf_helpers import datum, forward_backward_once
 from tests.integration.tiny_model import TinyModel
 from trio_rl.backends.hf import training
 from trio_rl.backends.local.batch_inputs import DatumInputs, MicroBatch, PrefixGroup, micro_batches, prefix_groups
@@ -114,20 +114,6 @@ def _data(loss_fn: str, vocab: int) -> list[tinker_types.Datum]:
     return data
 
 
-async def _train(
-    log_dir: Path, model: TinyModel, data: list[tinker_types.Datum], loss_fn: str, token_budget: int
-) -> tuple[tinker_types.ForwardBackwardOutput, dict[str, torch.Tensor]]:
-    async with backend(log_dir, token_budget=token_budget) as be:
-        trainer = await be.create_training_client(base_model=model.path, lora_rank=4, seed=0)
-        # A nonzero B so the A matrices get gradients too.
-        with torch.no_grad():
-            for name, p in trainer.model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-        out = await (await trainer.forward_backward(data, loss_fn)).result()
-        return out, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
-
 def _count_shared_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rows: list[int] = []
     run = training.shared_target_logprobs
@@ -165,9 +151,10 @@ async def test_shared_prefixes_give_the_logprobs_loss_and_gradients_of_whole_dat
     with trio.fail_after(120):
         with monkeypatch.context() as whole:
             whole.setattr(training, "MIN_SHARED_PREFIX", 10**9)
-            expected, expected_grads = await _train(tmp_path / "whole", peaked_tiny_model, data, loss_fn, 4096)
+            whole_run = await forward_backward_once(tmp_path / "whole", peaked_tiny_model, data, loss_fn, 4096)
+            expected, expected_grads = whole_run
         shared_rows = _count_shared_rows(monkeypatch)
-        out, grads = await _train(tmp_path / "shared", peaked_tiny_model, data, loss_fn, token_budget)
+        out, grads = await forward_backward_once(tmp_path / "shared", peaked_tiny_model, data, loss_fn, token_budget)
     assert sorted(shared_rows) == shared  # a group of one and data sharing nothing ran whole
     assert out.metrics["loss:sum"] == pytest.approx(expected.metrics["loss:sum"], rel=1e-5)
     for got, want in zip(out.loss_fn_outputs, expected.loss_fn_outputs, strict=True):

@@ -131,15 +131,14 @@ async def test_a_run_on_the_fake_service_trains_image_observations(log_path: Pat
 
 
 async def test_the_local_backend_refuses_to_sample_or_score_an_image_prompt(tmp_path: Path) -> None:
-    from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+    from tests.local_helpers import SMALL_CONFIG, local_training_client
+    from trio_rl.backends.local import CharTokenizer
 
-    config = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
     prompt = tinker_types.ModelInput(chunks=[text(1, 2), image()])
-    with trio.fail_after(30):
-        async with LocalBackend(log_dir=tmp_path, model_config=config, tokenizer=CharTokenizer("ab")) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            sampler = await client.save_weights_for_sampler("s0")
-            with pytest.raises(ValueError, match=r"the sample prompt holds a ImageChunk .*TinkerBackend"):
-                await sampler.sample(prompt, 1, tinker_types.SamplingParams(max_tokens=2, seed=0))
-            with pytest.raises(ValueError, match=r"the compute_logprobs prompt holds a ImageChunk"):
-                await sampler.compute_logprobs(prompt)
+    opened = local_training_client(tmp_path, deadline_s=30, model_config=SMALL_CONFIG, tokenizer=CharTokenizer("ab"))
+    async with opened as (_, client):
+        sampler = await client.save_weights_for_sampler("s0")
+        with pytest.raises(ValueError, match=r"the sample prompt holds a ImageChunk .*TinkerBackend"):
+            await sampler.sample(prompt, 1, tinker_types.SamplingParams(max_tokens=2, seed=0))
+        with pytest.raises(ValueError, match=r"the compute_logprobs prompt holds a ImageChunk"):
+            await sampler.compute_logprobs(prompt)

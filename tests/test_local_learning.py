@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from tests.conftest import load_example
 from trio_rl import Config, TrainResult, train
 from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.cli import LazyTokenizer, parse_args
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def arithmetic_module() -> Any:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module("arithmetic")
-
 
 def run_arithmetic(log_path: Path, steps: int, *, model: ModelConfig, **config: Any) -> TrainResult:
     """Sync RL on the arithmetic example's env, straight through ``train``."""
-    arithmetic = arithmetic_module()
+    arithmetic = load_example("arithmetic")
     args = parse_args(arithmetic.Args, [], groups_per_batch=16, group_size=8)
     tokenizer = CharTokenizer(arithmetic.ALPHABET)
     dataset = arithmetic.AdditionDataset(args, arithmetic.Renderer(LazyTokenizer(tokenizer)), num_batches=steps)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import trio
 from tinker import types as tinker_types
 
+from tests.local_helpers import SMALL_CONFIG, local_training_client
 from trio_rl import _tinker_compat as compat
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer, LocalBackend
 from trio_rl.backends.local.losses import check_loss_fn, cispo, cross_entropy, importance_sampling, ppo
 
 LP = [-1.0, -0.5, -2.0]
@@ -109,39 +109,36 @@ def test_check_loss_fn_rejects_unknown() -> None:
 
 async def test_forward_backward_reports_summed_losses(tmp_path: Path) -> None:
     tok = CharTokenizer("abc")
-    config = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
-    with trio.fail_after(30):
-        async with LocalBackend(log_dir=tmp_path, model_config=config, tokenizer=tok) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            seqs = [tok.encode("abcab"), tok.encode("ca")]
-            ce = [
-                tinker_types.Datum(
-                    model_input=tinker_types.ModelInput.from_ints(s[:-1]),
-                    loss_fn_inputs={"target_tokens": compat.tensor(s[1:], "int64"), "weights": compat.tensor([1.0] * (len(s) - 1), "float32")},
-                )
-                for s in seqs
-            ]
-            out = await (await client.forward_backward(ce, "cross_entropy")).result()
-            lps = [o["logprobs"].to_numpy() for o in out.loss_fn_outputs]
-            assert [len(x) for x in lps] == [4, 1]
-            assert out.metrics["loss:sum"] == pytest.approx(-sum(float(x.sum()) for x in lps), rel=1e-5)
-            # On-policy importance sampling: ratio 1, so the loss is -sum(advantages).
-            rl = [
-                tinker_types.Datum(
-                    model_input=d.model_input,
-                    loss_fn_inputs={
-                        "target_tokens": d.loss_fn_inputs["target_tokens"],
-                        "logprobs": lp.tolist(),
-                        "advantages": compat.tensor([0.5] * len(lp), "float32"),
-                    },
-                )
-                for d, lp in zip(ce, lps, strict=True)
-            ]
-            for loss_fn in ("importance_sampling", "ppo", "cispo"):
-                out = await (await client.forward_backward(rl, loss_fn)).result()
-                expected = -2.5 if loss_fn != "cispo" else -0.5 * sum(float(x.sum()) for x in lps)
-                assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5), loss_fn
-                assert set(out.loss_fn_outputs[0]) == {"logprobs", "elementwise_loss"}
+    async with local_training_client(tmp_path, deadline_s=30, model_config=SMALL_CONFIG, tokenizer=tok) as (_, client):
+        seqs = [tok.encode("abcab"), tok.encode("ca")]
+        ce = [
+            tinker_types.Datum(
+                model_input=tinker_types.ModelInput.from_ints(s[:-1]),
+                loss_fn_inputs={"target_tokens": compat.tensor(s[1:], "int64"), "weights": compat.tensor([1.0] * (len(s) - 1), "float32")},
+            )
+            for s in seqs
+        ]
+        out = await (await client.forward_backward(ce, "cross_entropy")).result()
+        lps = [o["logprobs"].to_numpy() for o in out.loss_fn_outputs]
+        assert [len(x) for x in lps] == [4, 1]
+        assert out.metrics["loss:sum"] == pytest.approx(-sum(float(x.sum()) for x in lps), rel=1e-5)
+        # On-policy importance sampling: ratio 1, so the loss is -sum(advantages).
+        rl = [
+            tinker_types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    "target_tokens": d.loss_fn_inputs["target_tokens"],
+                    "logprobs": lp.tolist(),
+                    "advantages": compat.tensor([0.5] * len(lp), "float32"),
+                },
+            )
+            for d, lp in zip(ce, lps, strict=True)
+        ]
+        for loss_fn in ("importance_sampling", "ppo", "cispo"):
+            out = await (await client.forward_backward(rl, loss_fn)).result()
+            expected = -2.5 if loss_fn != "cispo" else -0.5 * sum(float(x.sum()) for x in lps)
+            assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5), loss_fn
+            assert set(out.loss_fn_outputs[0]) == {"logprobs", "elementwise_loss"}
 
 
 def test_dro_matches_the_published_formula() -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import trio
 from tinker import types as tinker_types
 
+from tests.local_helpers import SMALL_CONFIG, local_training_client
 from trio_rl import _tinker_compat as compat
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
+from trio_rl.backends.local import CharTokenizer
 from trio_rl.backends.local.losses import check_loss_fn, importance_sampling
 from trio_rl.loop.step_metrics import offpolicy_metrics
 
@@ -117,17 +117,14 @@ def _datum(tokens: list[int], sampler: list[float], advantages: list[float]) -> 
 
 async def test_forward_backward_reports_the_weights_statistics_of_its_trained_tokens(tmp_path: Path) -> None:
     tok = CharTokenizer("abc")
-    config = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
-    with trio.fail_after(30):
-        async with LocalBackend(log_dir=tmp_path, model_config=config, tokenizer=tok) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            first, second = tok.encode("abcab"), tok.encode("cab")
-            # Sampler logprobs far from the model's: -0.2 (w well below 1) and -3.0 (w above 1).
-            data = [
-                _datum(first, [0.0, -0.2, -3.0, -3.0], [0.0, 1.0, 1.0, -1.0]),
-                _datum(second, [-3.0, -0.2], [1.0, 1.0]),
-            ]
-            out = await (await client.forward_backward(data, "importance_sampling", {"tis_cap": 1.5})).result()
+    async with local_training_client(tmp_path, deadline_s=30, model_config=SMALL_CONFIG, tokenizer=tok) as (_, client):
+        first, second = tok.encode("abcab"), tok.encode("cab")
+        # Sampler logprobs far from the model's: -0.2 (w well below 1) and -3.0 (w above 1).
+        data = [
+            _datum(first, [0.0, -0.2, -3.0, -3.0], [0.0, 1.0, 1.0, -1.0]),
+            _datum(second, [-3.0, -0.2], [1.0, 1.0]),
+        ]
+        out = await (await client.forward_backward(data, "importance_sampling", {"tis_cap": 1.5})).result()
     learner = [o["logprobs"].to_numpy().tolist() for o in out.loss_fn_outputs]
     samplers = [[0.0, -0.2, -3.0, -3.0], [-3.0, -0.2]]
     advantages = [[0.0, 1.0, 1.0, -1.0], [1.0, 1.0]]

@@ -11,21 +11,15 @@ import trio
 import trio.lowlevel
 from tinker import types as tinker_types
 
+from tests.local_helpers import CONFIG, TOK, bos_prompt, local_backend, local_training_client
 from tests.polling import wait_until
 from trio_rl import _tinker_compat as compat
-from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
+from trio_rl.backends.local import EngineSettings, LocalBackend
 from trio_rl.backends.local.sampler import LocalSamplingClient, pick_tokens
-
-TOK = CharTokenizer("abcdefgh ")
-CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
 
 
 def _prompt(text: str) -> tinker_types.ModelInput:
-    return tinker_types.ModelInput.from_ints([TOK.bos_token_id, *TOK.encode(text)])
-
-
-def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
+    return tinker_types.ModelInput.from_ints(bos_prompt(text))
 
 
 async def _sampler(backend: LocalBackend, seed: int = 0) -> LocalSamplingClient:
@@ -58,7 +52,7 @@ def test_pick_tokens_respects_top_k_top_p_and_greedy() -> None:
 async def test_seeded_request_is_batch_invariant(tmp_path: Path) -> None:
     params = tinker_types.SamplingParams(max_tokens=24, seed=1234, stop=[])
     with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
+        async with local_backend(tmp_path) as backend:
             sampler = await _sampler(backend)
             alone = await sampler.sample(_prompt("abc"), 2, params)
             results: dict[int, tinker_types.SampleResponse] = {}
@@ -100,7 +94,7 @@ async def test_seeded_request_is_batch_invariant(tmp_path: Path) -> None:
 
 async def test_logprobs_match_compute_logprobs(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
+        async with local_backend(tmp_path) as backend:
             sampler = await _sampler(backend)
             prompt = _prompt("abc")
             resp = await sampler.sample(prompt, 1, tinker_types.SamplingParams(max_tokens=10, seed=7, stop=[]))
@@ -112,7 +106,7 @@ async def test_logprobs_match_compute_logprobs(tmp_path: Path) -> None:
 
 async def test_stops_max_tokens_and_greedy(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
+        async with local_backend(tmp_path) as backend:
             sampler = await _sampler(backend)
             greedy = tinker_types.SamplingParams(max_tokens=12, top_k=1, stop=[])
             g1 = await sampler.sample(_prompt("ab"), 3, greedy)
@@ -153,7 +147,7 @@ async def test_stops_max_tokens_and_greedy(tmp_path: Path) -> None:
 
 
 async def test_bad_requests_raise(tmp_path: Path) -> None:
-    async with _backend(tmp_path) as backend:
+    async with local_backend(tmp_path) as backend:
         sampler = await _sampler(backend)
         with pytest.raises(ValueError):
             await sampler.sample(tinker_types.ModelInput.from_ints([]), 1, tinker_types.SamplingParams())
@@ -164,7 +158,7 @@ async def test_bad_requests_raise(tmp_path: Path) -> None:
 
 
 async def test_use_outside_async_with_raises(tmp_path: Path) -> None:
-    backend = _backend(tmp_path)
+    backend = local_backend(tmp_path)
     with pytest.raises(RuntimeError, match="async with"):
         await backend.create_training_client(base_model="tiny")
     async with backend:
@@ -177,7 +171,7 @@ async def test_use_outside_async_with_raises(tmp_path: Path) -> None:
 
 async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
+        async with local_backend(tmp_path) as backend:
             sampler = await _sampler(backend)
             engine = sampler._engine
             nursery = backend._runtime.nursery
@@ -211,7 +205,7 @@ async def test_cancelled_request_is_dropped_and_nothing_leaks(tmp_path: Path) ->
 
 async def test_many_concurrent_requests(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with _backend(tmp_path, engine=EngineSettings(max_batch_rows=16)) as backend:
+        async with local_backend(tmp_path, engine=EngineSettings(max_batch_rows=16)) as backend:
             sampler = await _sampler(backend)
             lengths: list[int] = []
 
@@ -245,9 +239,9 @@ async def _group_rollouts(sampler: LocalSamplingClient) -> list[tinker_types.Sam
 
 async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with _backend(tmp_path / "cached") as cached_backend:
+        async with local_backend(tmp_path / "cached") as cached_backend:
             cached = await _group_rollouts(await _sampler(cached_backend))
-        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as plain_backend:
+        async with local_backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as plain_backend:
             plain = await _group_rollouts(await _sampler(plain_backend))
     assert [_seqs(r) for r in cached] == [_seqs(r) for r in plain]
     lengths = [len(p) for p in ("abc", "hg fe", "abc d")]
@@ -261,24 +255,22 @@ async def test_prefix_cache_gives_the_same_tokens_and_logprobs_as_no_cache(tmp_p
 
 async def test_prefix_cache_is_not_shared_across_weights(tmp_path: Path) -> None:
     params = tinker_types.SamplingParams(max_tokens=10, seed=5, stop=[])
-    with trio.fail_after(60):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            old = await client.save_weights_for_sampler("old")
-            first = await old.sample(_prompt("abc"), 1, params)
-            assert (await old.sample(_prompt("abc"), 1, params)).prompt_cache_hit_tokens == 4
-            datum = tinker_types.Datum(
-                model_input=_prompt("abcab"),
-                loss_fn_inputs={
-                    "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
-                    "weights": compat.tensor([1.0] * 6, "float32"),
-                },
-            )
-            await (await client.forward_backward([datum], "cross_entropy")).result()
-            await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
-            new = await client.save_weights_for_sampler("new")
-            after = await new.sample(_prompt("abc"), 1, params)
-            # The new weights prefill the prompt afresh, and sample from the new weights.
-            assert after.prompt_cache_hit_tokens == 0
-            assert after.sequences[0].logprobs != first.sequences[0].logprobs
-            assert _seqs(await old.sample(_prompt("abc"), 1, params)) == _seqs(first)
+    async with local_training_client(tmp_path) as (_, client):
+        old = await client.save_weights_for_sampler("old")
+        first = await old.sample(_prompt("abc"), 1, params)
+        assert (await old.sample(_prompt("abc"), 1, params)).prompt_cache_hit_tokens == 4
+        datum = tinker_types.Datum(
+            model_input=_prompt("abcab"),
+            loss_fn_inputs={
+                "target_tokens": compat.tensor(TOK.encode("abcabc"), "int64"),
+                "weights": compat.tensor([1.0] * 6, "float32"),
+            },
+        )
+        await (await client.forward_backward([datum], "cross_entropy")).result()
+        await (await client.optim_step(tinker_types.AdamParams(learning_rate=0.05))).result()
+        new = await client.save_weights_for_sampler("new")
+        after = await new.sample(_prompt("abc"), 1, params)
+        # The new weights prefill the prompt afresh, and sample from the new weights.
+        assert after.prompt_cache_hit_tokens == 0
+        assert after.sequences[0].logprobs != first.sequences[0].logprobs
+        assert _seqs(await old.sample(_prompt("abc"), 1, params)) == _seqs(first)

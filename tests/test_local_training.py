@@ -11,29 +11,15 @@ import torch
 import trio
 from tinker import types as tinker_types
 
+from tests.local_helpers import CONFIG, TOK, local_backend, local_training_client, text_datum
 from trio_rl import _tinker_compat as compat
-from trio_rl.backends.local import CharTokenizer, LocalBackend, ModelConfig
 from trio_rl.backends.local.model import TransformerLM
 from trio_rl.backends.local.optimizer import AdamState, adam_step
 
-TOK = CharTokenizer("abcdefgh ")
-CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
 ADAM = tinker_types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
 
 
-def _datum(text: str) -> tinker_types.Datum:
-    seq = [TOK.bos_token_id, *TOK.encode(text), TOK.eos_token_id]
-    return tinker_types.Datum(
-        model_input=tinker_types.ModelInput.from_ints(seq[:-1]),
-        loss_fn_inputs={"target_tokens": compat.tensor(seq[1:], "int64"), "weights": compat.tensor([1.0] * (len(seq) - 1), "float32")},
-    )
-
-
-BATCH = [_datum("abc"), _datum("hgfe dcba"), _datum("a")]
-
-
-def _backend(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK)
+BATCH = [text_datum("abc"), text_datum("hgfe dcba"), text_datum("a")]
 
 
 def _grads_like(model: torch.nn.Module, seed: int) -> None:
@@ -77,31 +63,29 @@ def test_grad_clip_scales_global_norm() -> None:
 
 
 async def test_requests_run_in_submission_order(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            fb1 = await client.forward_backward(BATCH, "cross_entropy")
-            opt = await client.optim_step(ADAM)
-            fb2 = await client.forward_backward(BATCH, "cross_entropy")
-            # Await the later ones first, concurrently; and abandon one wait midway.
-            with trio.move_on_after(0):
-                await fb1.result()
-            out: dict[str, float] = {}
+    async with local_training_client(tmp_path, deadline_s=30) as (_, client):
+        fb1 = await client.forward_backward(BATCH, "cross_entropy")
+        opt = await client.optim_step(ADAM)
+        fb2 = await client.forward_backward(BATCH, "cross_entropy")
+        # Await the later ones first, concurrently; and abandon one wait midway.
+        with trio.move_on_after(0):
+            await fb1.result()
+        out: dict[str, float] = {}
 
-            async def wait(name: str, pending: object) -> None:
-                out[name] = (await pending.result()).metrics["loss:sum"]  # type: ignore[attr-defined]
+        async def wait(name: str, pending: object) -> None:
+            out[name] = (await pending.result()).metrics["loss:sum"]  # type: ignore[attr-defined]
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(wait, "fb2", fb2)
-                nursery.start_soon(wait, "fb1", fb1)
-            await opt.result()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, "fb2", fb2)
+            nursery.start_soon(wait, "fb1", fb1)
+        await opt.result()
     # fb2 ran after the optimizer step: a lower loss than fb1 on the same batch.
     assert out["fb2"] < out["fb1"]
 
 
 async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
     async def run(sub: str) -> list[torch.Tensor]:
-        async with _backend(tmp_path / sub) as backend:
+        async with local_backend(tmp_path / sub) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=3)
             for step in range(3):
                 sampler = await client.save_weights_for_sampler(f"s{step}")
@@ -136,45 +120,41 @@ async def test_sync_runs_are_bit_identical(tmp_path: Path) -> None:
 async def test_sampler_is_pinned_to_its_version(tmp_path: Path) -> None:
     prompt = tinker_types.ModelInput.from_ints([TOK.bos_token_id, *TOK.encode("ab")])
     params = tinker_types.SamplingParams(max_tokens=16, seed=11, stop=[])
-    with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            old = await client.save_weights_for_sampler("v0")
-            assert old.model_path == str(tmp_path / "sampler_weights" / "v0")
-            before = await old.sample(prompt, 2, params)
-            before_lp = await old.compute_logprobs(prompt)
-            for _ in range(3):
-                await client.forward_backward(BATCH, "cross_entropy")
-                await (await client.optim_step(ADAM.model_copy(update={"learning_rate": 0.1}))).result()
-            after = await old.sample(prompt, 2, params)
-            new = await client.save_weights_for_sampler("v1")
-            changed = await new.sample(prompt, 2, params)
-            assert await old.compute_logprobs(prompt) == before_lp
+    async with local_training_client(tmp_path, deadline_s=30) as (_, client):
+        old = await client.save_weights_for_sampler("v0")
+        assert old.model_path == str(tmp_path / "sampler_weights" / "v0")
+        before = await old.sample(prompt, 2, params)
+        before_lp = await old.compute_logprobs(prompt)
+        for _ in range(3):
+            await client.forward_backward(BATCH, "cross_entropy")
+            await (await client.optim_step(ADAM.model_copy(update={"learning_rate": 0.1}))).result()
+        after = await old.sample(prompt, 2, params)
+        new = await client.save_weights_for_sampler("v1")
+        changed = await new.sample(prompt, 2, params)
+        assert await old.compute_logprobs(prompt) == before_lp
     assert [s.tokens for s in after.sequences] == [s.tokens for s in before.sequences]
     assert [s.logprobs for s in after.sequences] == [s.logprobs for s in before.sequences]
     assert [s.logprobs for s in changed.sequences] != [s.logprobs for s in before.sequences]
 
 
 async def test_trio_stays_responsive_during_training(tmp_path: Path) -> None:
-    big = [_datum("abcdefgh " * 6) for _ in range(64)]
+    big = [text_datum("abcdefgh " * 6) for _ in range(64)]
     ticks: list[float] = []
-    with trio.fail_after(30):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
+    async with local_training_client(tmp_path, deadline_s=30) as (_, client):
 
-            async def heartbeat() -> None:
-                while True:
-                    ticks.append(trio.current_time())
-                    await trio.sleep(0.005)
+        async def heartbeat() -> None:
+            while True:
+                ticks.append(trio.current_time())
+                await trio.sleep(0.005)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(heartbeat)
-                await trio.sleep(0.02)
-                start = trio.current_time()
-                for _ in range(3):
-                    await (await client.forward_backward(big, "cross_entropy")).result()
-                elapsed = trio.current_time() - start
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(heartbeat)
+            await trio.sleep(0.02)
+            start = trio.current_time()
+            for _ in range(3):
+                await (await client.forward_backward(big, "cross_entropy")).result()
+            elapsed = trio.current_time() - start
+            nursery.cancel_scope.cancel()
     during = [t for t in ticks if t >= start]
     assert elapsed > 0.05  # the work was long enough to notice a blocked loop
     gaps = [b - a for a, b in itertools.pairwise(during)]
@@ -184,7 +164,7 @@ async def test_trio_stays_responsive_during_training(tmp_path: Path) -> None:
 
 
 async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
-    async with _backend(tmp_path) as backend:
+    async with local_backend(tmp_path) as backend:
         client = await backend.create_training_client(base_model="tiny", seed=0)
         with pytest.raises(ValueError):
             await client.forward_backward(BATCH, "dro")
@@ -201,9 +181,9 @@ async def test_unsupported_loss_is_rejected_at_submit(tmp_path: Path) -> None:
 
 
 async def test_leaving_the_backend_fails_queued_requests(tmp_path: Path) -> None:
-    big = [_datum("abcdefgh " * 6) for _ in range(32)]
+    big = [text_datum("abcdefgh " * 6) for _ in range(32)]
     with trio.fail_after(30):
-        backend = _backend(tmp_path)
+        backend = local_backend(tmp_path)
         async with backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             pendings = [await client.forward_backward(big, "cross_entropy") for _ in range(5)]

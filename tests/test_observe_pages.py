@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from tests.chromium import CHROMIUM, render
-from tests.conftest import read_jsonl
-from tests.test_examples import TINY, load
+from tests.conftest import load_example, read_jsonl
+from tests.test_examples import TINY
 from trio_rl import TokensWithLogprobs, Trajectory, TrajectoryGroup, trajectory_to_data
 from trio_rl.backends.local import CharTokenizer
 from trio_rl.cli import LazyTokenizer
@@ -33,7 +33,7 @@ OBSERVE = ["--transcripts-every", "1", "--transcript-groups", "2", "--timeline-e
 def guess_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A guess_number run with every observation flag on, its folder."""
     log_path = tmp_path_factory.mktemp("guess")
-    assert load("guess_number").main(["--log-path", str(log_path), *FLAGS, *OBSERVE], **TINY) == 0
+    assert load_example("guess_number").main(["--log-path", str(log_path), *FLAGS, *OBSERVE], **TINY) == 0
     return log_path
 
 
@@ -63,7 +63,7 @@ def test_multi_turn_transcripts_show_every_turn_with_the_envs_logs(guess_run: Pa
 
 def _scripted_games(log_path: Path) -> Path:
     """Two guess_number games played by a scripted policy (3, 7, 5 and 5), written as a transcript; its page."""
-    guess_number = load("guess_number")
+    guess_number = load_example("guess_number")
     tokenizer = CharTokenizer(guess_number.ALPHABET)
     dialogue = guess_number.Dialogue(LazyTokenizer(tokenizer))
 

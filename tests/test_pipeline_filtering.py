@@ -8,6 +8,7 @@ import pytest
 from trio.testing import MockClock
 
 from tests.pipeline_helpers import MODES, make_config, run_fake
+from trio_rl import TrainResult
 from trio_rl.testing import FakeBackend, FakeDataset, FakeEnvSpec
 
 SKIPPING_MODES = [mode for mode in MODES if mode != "sync"]
@@ -15,15 +16,23 @@ SKIPPING_MODES = [mode for mode in MODES if mode != "sync"]
 do; its sync loop trains the batch's first group (tests/test_sync_constant_reward_batch.py)."""
 
 
+async def run_filtering(
+    log_path: Path, mode: str, batches: int, constant_groups: set[tuple[int, int]]
+) -> tuple[TrainResult, FakeBackend]:
+    """A run of ``batches`` batches of 4 groups that removes constant-reward groups, those of
+    ``constant_groups`` (``(batch, group)``) being so; its result and its backend."""
+    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
+    config = make_config(log_path, mode, remove_constant_reward_groups=True)
+    spec = FakeEnvSpec(constant_reward_groups=constant_groups)
+    return await run_fake(config, FakeDataset(batches, 4, spec), backend), backend
+
+
 @pytest.mark.parametrize("mode", SKIPPING_MODES)
 async def test_a_batch_left_empty_by_filtering_trains_nothing_and_goes_on(
     log_path: Path, mode: str, autojump_clock: MockClock
 ) -> None:
     # Batch 0 is all constant-reward groups; batch 1 has none.
-    spec = FakeEnvSpec(constant_reward_groups={(0, g) for g in range(4)})
-    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
-    config = make_config(log_path, mode, remove_constant_reward_groups=True)
-    result = await run_fake(config, FakeDataset(2, 4, spec), backend)
+    result, backend = await run_filtering(log_path, mode, 2, {(0, g) for g in range(4)})
     if mode == "oldest_first":
         # As in tinker-cookbook 0.6.1, a group is filtered the moment it arrives and
         # never joins a step: the survivors fill the only step.
@@ -42,10 +51,7 @@ async def test_a_batch_left_empty_by_filtering_trains_nothing_and_goes_on(
 
 async def test_stream_minibatch_emptied_by_filtering(log_path: Path, autojump_clock: MockClock) -> None:
     # Within one step, the first two groups (one minibatch) are constant.
-    spec = FakeEnvSpec(constant_reward_groups={(0, 0), (0, 1)})
-    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
-    config = make_config(log_path, "stream", remove_constant_reward_groups=True)
-    result = await run_fake(config, FakeDataset(1, 4, spec), backend)
+    result, backend = await run_filtering(log_path, "stream", 1, {(0, 0), (0, 1)})
     assert result.final_step == 1
     assert [c.detail["data"] for c in backend.calls_of("forward_backward")] == [2 * 4]
     assert len(backend.calls_of("optim_step")) == 1
@@ -56,10 +62,7 @@ async def test_filtered_groups_are_not_counted_as_trained_and_publish_nothing(
     log_path: Path, mode: str, autojump_clock: MockClock
 ) -> None:
     # Batch 1 is all constant-reward groups; batches 0 and 2 have none.
-    spec = FakeEnvSpec(constant_reward_groups={(1, g) for g in range(4)})
-    backend = FakeBackend(sample_latency=1.0, train_latency=0.5)
-    config = make_config(log_path, mode, remove_constant_reward_groups=True)
-    result = await run_fake(config, FakeDataset(3, 4, spec), backend)
+    result, backend = await run_filtering(log_path, mode, 3, {(1, g) for g in range(4)})
     assert result.trained_groups == result.summary["run/trained_groups"] == 8
     assert result.summary["run/filtered_constant"] == 4
     trained_steps = [r for r in result.step_metrics if r["progress/trained_groups"] > 0]

@@ -11,15 +11,14 @@ import trio
 from tinker import types as tinker_types
 
 from tests.inflight_helpers import train_one_large_step
+from tests.local_helpers import TOK, bos_prompt, local_backend, local_training_client
 from tests.prefill_helpers import count_prefilled_tokens, sample_each
 from trio_rl import Config, train
-from trio_rl.backends.local import CharTokenizer, EngineSettings, LocalBackend, ModelConfig
+from trio_rl.backends.local import EngineSettings, LocalBackend, ModelConfig
 from trio_rl.backends.local.prefix_cache import Prefill, PrefixCache
 from trio_rl.backends.local.sampler import LocalSamplingClient
 from trio_rl.testing import FakeDataset, FakeEnvSpec
 
-TOK = CharTokenizer("abcdefgh ")
-CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
 PARAMS = tinker_types.SamplingParams(max_tokens=6, seed=3, stop=[])
 
 
@@ -117,14 +116,6 @@ def test_eviction_drops_least_recently_used_leaves_and_keeps_the_bytes_within_th
 # ------------------------------------------------------------------ LocalBackend's engine
 
 
-def _prompt(text: str) -> list[int]:
-    return [TOK.bos_token_id, *TOK.encode(text)]
-
-
-def _backend(tmp_path: Path, engine: EngineSettings | None = None) -> LocalBackend:
-    return LocalBackend(log_dir=tmp_path, model_config=CONFIG, tokenizer=TOK, engine=engine)
-
-
 def _seqs(resp: tinker_types.SampleResponse) -> list[tuple[list[int], list[float], str]]:
     return [(list(s.tokens), list(s.logprobs or []), s.stop_reason) for s in resp.sequences]
 
@@ -135,19 +126,17 @@ async def _sample(sampler: LocalSamplingClient, prompt: list[int], seed: int = 3
 
 
 async def test_a_turn_two_prompt_prefills_only_the_tokens_after_the_turn_one_prompt(tmp_path: Path) -> None:
-    turn_one = _prompt("abc abc")
-    with trio.fail_after(60):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            sampler = await client.save_weights_for_sampler("s0")
-            passes = count_prefilled_tokens(sampler)
-            first = await _sample(sampler, turn_one)
-            turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
-            second = await _sample(sampler, turn_two)
-            # A strict prefix of a kept prompt: all but its last token are cached ...
-            inside = await _sample(sampler, turn_one[:4])
-            # ... and once kept whole, the same prompt needs no forward pass at all.
-            again = await _sample(sampler, turn_one[:4])
+    turn_one = bos_prompt("abc abc")
+    async with local_training_client(tmp_path) as (_, client):
+        sampler = await client.save_weights_for_sampler("s0")
+        passes = count_prefilled_tokens(sampler)
+        first = await _sample(sampler, turn_one)
+        turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
+        second = await _sample(sampler, turn_two)
+        # A strict prefix of a kept prompt: all but its last token are cached ...
+        inside = await _sample(sampler, turn_one[:4])
+        # ... and once kept whole, the same prompt needs no forward pass at all.
+        again = await _sample(sampler, turn_one[:4])
     assert first.prompt_cache_hit_tokens == 0
     assert second.prompt_cache_hit_tokens == len(turn_one)
     assert inside.prompt_cache_hit_tokens == 3 and again.prompt_cache_hit_tokens == 4
@@ -165,7 +154,7 @@ async def _conversations(sampler: LocalSamplingClient) -> list[tinker_types.Samp
         out.extend(responses)
         return responses
 
-    turn_one = [_prompt(system + q) for q in ("c", "d", "c", "eh")]
+    turn_one = [bos_prompt(system + q) for q in ("c", "d", "c", "eh")]
     answers = await wave(turn_one, 10)
     turn_two = [
         [*p, *a.sequences[0].tokens, *TOK.encode(" " + "gh"[i % 2] * (1 + i // 2))]
@@ -173,27 +162,27 @@ async def _conversations(sampler: LocalSamplingClient) -> list[tinker_types.Samp
     ]
     await wave(turn_two, 20)
     # A strict prefix of kept prompts, the system prompt alone, and the whole second turn again.
-    await wave([_prompt(system), _prompt(system[:3])], 30)
+    await wave([bos_prompt(system), bos_prompt(system[:3])], 30)
     await wave(turn_two, 20)
     return out
 
 
 async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(tmp_path: Path) -> None:
     with trio.fail_after(120):
-        async with _backend(tmp_path / "cached") as backend:
+        async with local_backend(tmp_path / "cached") as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             cached = await _conversations(await client.save_weights_for_sampler("s0"))
-        async with _backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as backend:
+        async with local_backend(tmp_path / "plain", engine=EngineSettings(prefix_cache_bytes=0)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             plain = await _conversations(await client.save_weights_for_sampler("s0"))
         # A bound that holds about one prompt: prefixes are evicted and computed again.
-        async with _backend(tmp_path / "tight", engine=EngineSettings(prefix_cache_bytes=12 << 10)) as backend:
+        async with local_backend(tmp_path / "tight", engine=EngineSettings(prefix_cache_bytes=12 << 10)) as backend:
             client = await backend.create_training_client(base_model="tiny", seed=0)
             tight = await _conversations(await client.save_weights_for_sampler("s0"))
     # Float64 forward passes, rounded to float32: bit for bit.
     assert [_seqs(r) for r in cached] == [_seqs(r) for r in plain] == [_seqs(r) for r in tight]
     hits = [r.prompt_cache_hit_tokens for r in cached]
-    system = len(_prompt("ab ab "))
+    system = len(bos_prompt("ab ab "))
     # Turn one: one admission batch; only env 0's and env 2's identical prompts share.
     assert sorted(hits[0:3:2]) == [0, system + 1] and hits[1] == hits[3] == 0
     # Turn two: each env's turn-one prompt is cached.
@@ -207,19 +196,17 @@ async def test_shared_prefixes_give_the_same_tokens_and_logprobs_as_no_cache(tmp
 
 
 async def test_a_publish_empties_the_cache_of_an_inflight_engine_prefixes_included(tmp_path: Path) -> None:
-    turn_one = _prompt("abc abc")
-    with trio.fail_after(60):
-        async with _backend(tmp_path) as backend:
-            client = await backend.create_training_client(base_model="tiny", seed=0)
-            inflight = await client.save_weights_for_sampler("000000", inflight=True)
-            first = await _sample(inflight, turn_one)
-            turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
-            before = await _sample(inflight, turn_two)
-            await train_one_large_step(client, _prompt("abcab"), TOK.encode("abcabc"))
-            await client.save_weights_for_sampler("000001", inflight=True)
-            fresh = await client.create_sampling_client()
-            after = await _sample(inflight, [*turn_two, *TOK.encode("e")])
-            expected = await _sample(fresh, [*turn_two, *TOK.encode("e")])
+    turn_one = bos_prompt("abc abc")
+    async with local_training_client(tmp_path) as (_, client):
+        inflight = await client.save_weights_for_sampler("000000", inflight=True)
+        first = await _sample(inflight, turn_one)
+        turn_two = [*turn_one, *first.sequences[0].tokens, *TOK.encode(" dd")]
+        before = await _sample(inflight, turn_two)
+        await train_one_large_step(client, bos_prompt("abcab"), TOK.encode("abcabc"))
+        await client.save_weights_for_sampler("000001", inflight=True)
+        fresh = await client.create_sampling_client()
+        after = await _sample(inflight, [*turn_two, *TOK.encode("e")])
+        expected = await _sample(fresh, [*turn_two, *TOK.encode("e")])
     assert before.prompt_cache_hit_tokens == len(turn_one)
     # Neither the turn-one nor the turn-two prompt, prefilled under the old weights, serves the new ones.
     assert after.prompt_cache_hit_tokens == 0

@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import trio
 from tinker import types as tinker_types
 
-from tests.conftest import read_jsonl
+from tests.conftest import load_example, read_jsonl
 from trio_rl.backends.local import CharTokenizer
 from trio_rl.cli import LazyTokenizer, parse_args
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def load() -> ModuleType:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module("repeat_letters")
-
 
 def test_the_reward_counts_right_letters_over_the_longer_of_count_and_answer() -> None:
-    repeat = load()
+    repeat = load_example("repeat_letters")
     tokenizer = CharTokenizer(repeat.ALPHABET)
     env = repeat.RepeatEnv("b", 7, repeat.Renderer(LazyTokenizer(tokenizer)))
 
@@ -49,7 +39,7 @@ def test_the_reward_counts_right_letters_over_the_longer_of_count_and_answer() -
 
 
 def test_counts_have_a_long_tail_proportional_to_one_over_n() -> None:
-    repeat = load()
+    repeat = load_example("repeat_letters")
     tokenizer = LazyTokenizer(CharTokenizer(repeat.ALPHABET))
     args = parse_args(repeat.Args, [], groups_per_batch=64, group_size=1)
     dataset = repeat.RepeatDataset(args, repeat.Renderer(tokenizer), num_batches=200)
@@ -65,7 +55,7 @@ def test_counts_have_a_long_tail_proportional_to_one_over_n() -> None:
 
 
 def test_a_count_beyond_two_digits_is_refused() -> None:
-    repeat = load()
+    repeat = load_example("repeat_letters")
     args = parse_args(repeat.Args, [], max_count=100)
     with pytest.raises(ValueError, match=r"--max-count must be in 1\.\.99"):
         repeat.RepeatDataset(args, repeat.Renderer(LazyTokenizer(CharTokenizer(repeat.ALPHABET))), 1)
@@ -86,7 +76,7 @@ class AnswersRight:
 
 
 def test_the_evaluator_scores_every_letter_and_count_greedily() -> None:
-    repeat = load()
+    repeat = load_example("repeat_letters")
     tokenizer = CharTokenizer(repeat.ALPHABET)
     evaluator = repeat.ExactEvaluator(repeat.Renderer(LazyTokenizer(tokenizer)), 4, 8)
     result = trio.run(evaluator, AnswersRight(tokenizer))
@@ -95,7 +85,7 @@ def test_the_evaluator_scores_every_letter_and_count_greedily() -> None:
 
 
 def test_the_example_runs_async_with_the_default_loss(tmp_path: Path) -> None:
-    repeat = load()
+    repeat = load_example("repeat_letters")
     argv = ["--log-path", str(tmp_path), "--max-steps", "3", "--groups-per-batch", "4", "--group-size", "2"]
     argv += ["--eval-every", "2", "--mode", "async", "--max-tokens", "8"]
     assert repeat.main(argv, d_model=16, n_layers=1, n_heads=2, progress=False) == 0

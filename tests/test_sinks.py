@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import struct
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
 
-from tests.conftest import read_jsonl
+from tests.conftest import load_example, read_jsonl
 from trio_rl.errors import ConfigError
 from trio_rl.sinks import JsonlSink, MetricsSink, TensorBoardSink, WandbSink, close_sinks, open_sinks, scalars
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 RECORDS: list[dict[str, Any]] = [
     {"step": 0, "env/all/reward/total": 0.25, "progress/groups": 4, "eval/accuracy": 0.5, "note": "text"},
@@ -126,15 +122,9 @@ def test_close_sinks_closes_every_sink_and_raises_the_first_failure() -> None:
     assert closed == ["a", "b", "c"]
 
 
-def load(name: str) -> ModuleType:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module(name)
-
-
 def test_log_to_feeds_every_sink_the_records_of_metrics_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
-    arithmetic = load("arithmetic")
+    arithmetic = load_example("arithmetic")
     argv = ["--log-path", str(tmp_path), "--max-steps", "4", "--groups-per-batch", "2", "--group-size", "2"]
     argv += ["--eval-every", "2", "--log-to", "tensorboard", "wandb", "--no-progress"]
     assert arithmetic.main(argv, d_model=16, n_layers=1, n_heads=2) == 0

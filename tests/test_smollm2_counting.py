@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import trio
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from tests.conftest import load_example
+
 END = 99
 
 
@@ -36,14 +33,8 @@ class DigitsTokenizer:
         return [1, 2, 3]
 
 
-def load() -> ModuleType:
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module("smollm2_counting")
-
-
 def test_the_reward_matches_positions_over_the_longer_list() -> None:
-    counting = load()
+    counting = load_example("smollm2_counting")
     assert counting.reward([3, 4, 5, 6], 3, 6) == 1.0
     assert counting.reward([3, 4], 3, 6) == pytest.approx(2 / 4)
     assert counting.reward([3, 4, 5, 6, 7, 8], 3, 6) == pytest.approx(4 / 6)
@@ -52,7 +43,7 @@ def test_the_reward_matches_positions_over_the_longer_list() -> None:
 
 
 def test_an_answer_is_rewarded_only_when_it_ends_its_turn() -> None:
-    counting = load()
+    counting = load_example("smollm2_counting")
     tokenizer = DigitsTokenizer()
     env = counting.CountingEnv(8, 11, counting.ChatRenderer(tokenizer))
 
@@ -66,7 +57,7 @@ def test_an_answer_is_rewarded_only_when_it_ends_its_turn() -> None:
 
 
 def test_few_shot_puts_the_worked_problems_before_the_problem_as_earlier_turns() -> None:
-    counting = load()
+    counting = load_example("smollm2_counting")
     tokenizer = DigitsTokenizer()
     trio.run(counting.CountingEnv(8, 11, counting.ChatRenderer(tokenizer, counting.SHOTS)).initial_observation)
     trio.run(counting.CountingEnv(8, 11, counting.ChatRenderer(tokenizer)).initial_observation)
@@ -83,7 +74,7 @@ def test_few_shot_puts_the_worked_problems_before_the_problem_as_earlier_turns()
 
 
 def test_spans_have_a_long_tail_proportional_to_one_over_span_plus_one() -> None:
-    counting = load()
+    counting = load_example("smollm2_counting")
     rng = random.Random(0)
     spans = Counter(b - a for a, b in (counting.draw_problem(rng, 12) for _ in range(20000)))
     harmonic = sum(1 / (s + 1) for s in range(13))

@@ -11,7 +11,6 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -36,12 +35,6 @@ from trio_rl.backends._future_bridge import (
 
 PROMPT = tinker_types.ModelInput.from_ints([1, 2, 3])
 PARAMS = tinker_types.SamplingParams(max_tokens=4, seed=0)
-
-
-@pytest.fixture
-def service() -> Iterator[StandinServiceClient]:
-    with open_standin_service() as service:
-        yield service
 
 
 def sampler(service: StandinServiceClient) -> Any:

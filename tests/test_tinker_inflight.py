@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -41,12 +40,6 @@ BASE_MODEL = "standin/base"
 ADAM = tinker_types.AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
 PROMPT = tinker_types.ModelInput.from_ints([5, 6, 7])
 SAVE = "save_weights_and_get_sampling_client"
-
-
-@pytest.fixture
-def service() -> Iterator[StandinServiceClient]:
-    with open_standin_service() as service:
-        yield service
 
 
 def inflight_config(log_path: Path, **async_overrides: Any) -> Config:

@@ -9,7 +9,8 @@ training request names them through each Datum's provenance (``Datum.with_proven
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -34,21 +35,25 @@ PARAMS = tinker_types.SamplingParams(max_tokens=3, seed=0)
 PROMPT = [5, 6, 7]
 
 
-@pytest.fixture
-def service() -> Iterator[StandinServiceClient]:
-    with open_standin_service() as service:
-        yield service
-
-
-async def _sampled_datum(client: TinkerTrainingClient, loss_fn: str = "stable_reinforce") -> tinker_types.Datum:
-    """One Datum built as a run builds it, from a sample of ``client``'s current weights."""
-    sampler = await client.save_weights_for_sampler("000000")
-    prompt = tinker_types.ModelInput.from_ints(PROMPT)
-    (sequence,) = (await sampler.sample(prompt, 1, PARAMS)).sequences
-    action = TokensWithLogprobs(sequence.tokens, sequence.logprobs, sequence_id=sequence.sequence_id)
-    trajectory = Trajectory([Transition(prompt, action, 1.0, True)], prompt)
-    (datum,) = trajectory_to_data(trajectory, 1.0, loss_fn=loss_fn)
-    return datum
+@asynccontextmanager
+async def _sampled_datum(
+    service: StandinServiceClient, checked_loss: str | None, loss_fn: str = "stable_reinforce"
+) -> AsyncIterator[tuple[TinkerBackend, TinkerTrainingClient, tinker_types.Datum]]:
+    """Within 20 s: a backend of ``service`` that checked ``checked_loss`` (None: checked none, so its
+    samplers record nothing), a training client of it, and one Datum for ``loss_fn`` built as a run
+    builds it, from a sample of the client's current weights."""
+    with trio.fail_after(20):
+        async with TinkerBackend(service_client=service) as backend:
+            if checked_loss is not None:
+                backend.check_loss_fn(checked_loss, None)
+            client = await backend.create_training_client(base_model=BASE_MODEL)
+            sampler = await client.save_weights_for_sampler("000000")
+            prompt = tinker_types.ModelInput.from_ints(PROMPT)
+            (sequence,) = (await sampler.sample(prompt, 1, PARAMS)).sequences
+            action = TokensWithLogprobs(sequence.tokens, sequence.logprobs, sequence_id=sequence.sequence_id)
+            trajectory = Trajectory([Transition(prompt, action, 1.0, True)], prompt)
+            (datum,) = trajectory_to_data(trajectory, 1.0, loss_fn=loss_fn)
+            yield backend, client, datum
 
 
 def _without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
@@ -61,24 +66,17 @@ def _without_mask(datum: tinker_types.Datum) -> tinker_types.Datum:
 async def test_stable_reinforce_makes_samplers_record_and_trains_on_their_sequences(
     service: StandinServiceClient,
 ) -> None:
-    with trio.fail_after(20):
-        async with TinkerBackend(service_client=service) as backend:
-            backend.check_loss_fn("stable_reinforce", None)
-            client = await backend.create_training_client(base_model=BASE_MODEL)
-            datum = await _sampled_datum(client)
-            pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
-            await pending.result()
+    async with _sampled_datum(service, "stable_reinforce") as (_, client, datum):
+        pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
+        await pending.result()
     assert len(service.stability_records) == 1
     assert service.trained_losses == ["stable_reinforce"]
 
 
 @needs_stable_reinforce
 async def test_other_losses_leave_samplers_unrecorded(service: StandinServiceClient) -> None:
-    with trio.fail_after(20):
-        async with TinkerBackend(service_client=service) as backend:
-            backend.check_loss_fn("importance_sampling", None)
-            client = await backend.create_training_client(base_model=BASE_MODEL)
-            await _sampled_datum(client, "importance_sampling")
+    async with _sampled_datum(service, "importance_sampling", "importance_sampling") as (backend, _, _):
+        pass  # sampled from, never trained
     assert backend.record_stability_info is False and service.stability_records == {}
 
 
@@ -86,38 +84,29 @@ async def test_other_losses_leave_samplers_unrecorded(service: StandinServiceCli
 async def test_the_standin_refuses_stable_reinforce_on_sequences_sampled_without_stability_info(
     service: StandinServiceClient,
 ) -> None:
-    with trio.fail_after(20):
-        async with TinkerBackend(service_client=service) as backend:
-            client = await backend.create_training_client(base_model=BASE_MODEL)  # no check_loss_fn: no recording
-            datum = await _sampled_datum(client)
-            assert datum.loss_fn_input_spans is not None
-            pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
-            with pytest.raises(StandinError, match="has no stability info"):
-                await pending.result()
+    async with _sampled_datum(service, None) as (_, client, datum):  # no check_loss_fn: no recording
+        assert datum.loss_fn_input_spans is not None
+        pending = await client.forward_backward([_without_mask(datum)], "stable_reinforce")
+        with pytest.raises(StandinError, match="has no stability info"):
+            await pending.result()
 
 
 @needs_stable_reinforce
 async def test_the_standin_refuses_stable_reinforce_without_provenance(service: StandinServiceClient) -> None:
-    with trio.fail_after(20):
-        async with TinkerBackend(service_client=service) as backend:
-            backend.check_loss_fn("stable_reinforce", None)
-            client = await backend.create_training_client(base_model=BASE_MODEL)
-            datum = await _sampled_datum(client, "importance_sampling")  # built without provenance
-            future = client.sdk_client.forward_backward([_without_mask(datum)], "stable_reinforce")
-            with pytest.raises(StandinError, match="has no provenance"):
-                future.result(timeout=5)
+    async with _sampled_datum(service, "stable_reinforce", "importance_sampling") as (_, client, datum):
+        # The Datum was built without provenance.
+        future = client.sdk_client.forward_backward([_without_mask(datum)], "stable_reinforce")
+        with pytest.raises(StandinError, match="has no provenance"):
+            future.result(timeout=5)
 
 
 @needs_stable_reinforce
 async def test_tinker_backend_refuses_a_datum_without_provenance_before_sending_it(
     service: StandinServiceClient,
 ) -> None:
-    with trio.fail_after(20):
-        async with TinkerBackend(service_client=service) as backend:
-            client = await backend.create_training_client(base_model=BASE_MODEL)
-            datum = await _sampled_datum(client, "importance_sampling")
-            with pytest.raises(ValueError, match="needs provenance on every datum, and datum 0 has none"):
-                await client.forward_backward([datum], "stable_reinforce")
+    async with _sampled_datum(service, None, "importance_sampling") as (_, client, datum):
+        with pytest.raises(ValueError, match="needs provenance on every datum, and datum 0 has none"):
+            await client.forward_backward([datum], "stable_reinforce")
     assert not [event for event in service.events if event[2] == "forward_backward"]
 
 

@@ -583,25 +583,15 @@ class StandinTrainingClient:
         self, name: str, ttl_seconds: int | None = None
     ) -> StandinAPIFuture[tinker_types.SaveWeightsResponse]:
         del ttl_seconds
-
-        def work() -> tinker_types.SaveWeightsResponse:
-            path = f"tinker://{self.model_id}/weights/{name}"
-            self._record_checkpoint(path, "state")
-            return tinker_types.SaveWeightsResponse(path=path)
-
-        return self._submit("save_state", work)
+        return self._save("save_state", f"weights/{name}", "state", tinker_types.SaveWeightsResponse)
 
     def save_weights_for_sampler(
         self, name: str, ttl_seconds: int | None = None
     ) -> StandinAPIFuture[tinker_types.SaveWeightsForSamplerResponse]:
         del ttl_seconds
-
-        def work() -> tinker_types.SaveWeightsForSamplerResponse:
-            path = f"tinker://{self.model_id}/sampler_weights/{name}"
-            self._record_checkpoint(path, "sampler")
-            return tinker_types.SaveWeightsForSamplerResponse(path=path)
-
-        return self._submit("save_weights_for_sampler", work)
+        return self._save(
+            "save_weights_for_sampler", f"sampler_weights/{name}", "sampler", tinker_types.SaveWeightsForSamplerResponse
+        )
 
     def save_weights_and_get_sampling_client(
         self,
@@ -666,9 +656,18 @@ class StandinTrainingClient:
         self.loaded.append((path, optimizer))
         return tinker_types.LoadWeightsResponse(path=path)
 
-    def _record_checkpoint(self, path: str, kind: Literal["state", "sampler"]) -> None:
-        with self.service._lock:
-            self.service.checkpoints[path] = _Checkpoint(kind, self.step, self.base_model)
+    def _save(
+        self, op: str, folder: str, kind: Literal["state", "sampler"], response: Callable[..., T]
+    ) -> StandinAPIFuture[T]:
+        """Request ``op``: in its turn, this step's weights become a ``kind`` checkpoint at ``tinker://<model>/<folder>``."""
+        path = f"tinker://{self.model_id}/{folder}"
+
+        def work() -> T:
+            with self.service._lock:
+                self.service.checkpoints[path] = _Checkpoint(kind, self.step, self.base_model)
+            return response(path=path)
+
+        return self._submit(op, work)
 
     def _submit(self, op: str, work: Callable[[], T]) -> StandinAPIFuture[T]:
         service = self.service

@@ -15,7 +15,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# REPO, junit_counts
+. "$HERE/../venv_tools.sh"
 VENV="${COOKBOOK_VENV:-$REPO/.cookbook-venv}"
 export COOKBOOK_VENV="$VENV"
 TIMEOUT_S="${COOKBOOK_TIMEOUT_S:-900}"
@@ -41,20 +42,7 @@ rc=0
 timeout --signal=TERM --kill-after=30 "$TIMEOUT_S" \
     "$VENV/bin/python" -m pytest -p no:cacheprovider -v --junitxml="$report" tests/cookbook "$@" || rc=$?
 
-read -r passed failed skipped < <("$VENV/bin/python" - "$report" <<'PY'
-import sys
-import xml.etree.ElementTree as ET
-
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except (OSError, ET.ParseError):
-    root = ET.Element("testsuites")
-suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-count = lambda key: sum(int(s.get(key, 0)) for s in suites)
-bad = count("failures") + count("errors")
-print(count("tests") - bad - count("skipped"), bad, count("skipped"))
-PY
-)
+read -r passed failed skipped < <(junit_counts "$report")
 
 echo "cookbook suite: setup ${setup_s} s, mypy ${mypy_s} s (exit $mypy_rc), total $(( $(date +%s) - start )) s (pytest exit $rc)"
 if [[ $rc -eq 124 || $rc -eq 137 ]]; then

@@ -17,7 +17,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# REPO, log, quiet_pip, lint_requirement, venv_has, make_venv, set_up_venv, setup_done
+. "$HERE/../venv_tools.sh"
 VENV="${COOKBOOK_VENV:-$REPO/.cookbook-venv}"
 PYTHON="${COOKBOOK_PYTHON:-python3}"
 
@@ -26,35 +27,14 @@ TINKER_VERSION="0.38.0"
 TORCH_VERSION="2.13.0"
 TRIO_ASYNCIO_VERSION="0.16.0"
 
-# log and quiet_pip
-. "$REPO/tests/venv_tools.sh"
-
 venv_ready() {
-    [[ -x "$VENV/bin/python" ]] || return 1
-    "$VENV/bin/python" - "$REPO" "$COOKBOOK_VERSION" "$TINKER_VERSION" "$TORCH_VERSION" "$TRIO_ASYNCIO_VERSION" <<'PY' 2>/dev/null
-import sys
-from importlib import metadata
-from pathlib import Path
-
-repo, cookbook_v, tinker_v, torch_v, trio_asyncio_v = sys.argv[1:]
-for name, version in {"tinker-cookbook": cookbook_v, "tinker": tinker_v, "trio-asyncio": trio_asyncio_v}.items():
-    if metadata.version(name) != version:
-        sys.exit(1)
-if metadata.version("torch").split("+")[0] != torch_v:
-    sys.exit(1)
-for name in ("math-verify", "pylatexenc", "transformers", "tokenizers", "peft", "pytest", "pytest-trio", "mypy"):
-    metadata.version(name)
-import trio_rl
-if not Path(trio_rl.__file__).resolve().is_relative_to(Path(repo).resolve()):
-    sys.exit(1)
-PY
+    venv_has "tinker-cookbook==$COOKBOOK_VERSION" "tinker==$TINKER_VERSION" "trio-asyncio==$TRIO_ASYNCIO_VERSION" \
+        "torch==$TORCH_VERSION" math-verify pylatexenc transformers tokenizers peft pytest pytest-trio mypy \
+        trio_rl-from-this-checkout
 }
 
-start=$(date +%s)
-if venv_ready; then
-    log "already set up at $VENV"
-else
-    [[ -x "$VENV/bin/python" ]] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+install_venv() {
+    make_venv
     # torch first and alone: it is the CPU build from local disk, and pinning it
     # keeps any later resolver from reaching for a multi-GB CUDA build.
     log "installing torch==$TORCH_VERSION (CPU)"
@@ -68,14 +48,7 @@ else
     log "installing trio_rl (editable) with trio-asyncio, the test runner and the type checker"
     quiet_pip install --quiet "torch==$TORCH_VERSION" "tinker==$TINKER_VERSION" \
         "trio-asyncio==$TRIO_ASYNCIO_VERSION" "$(lint_requirement mypy)" -e "$REPO[test]"
-    venv_ready || {
-        log "the venv at $VENV does not have the expected versions after install"
-        "$VENV/bin/python" -m pip list 2>/dev/null | grep -iE '^(tinker|tinker-cookbook|torch|trio|trio-asyncio) ' >&2 || true
-        exit 1
-    }
-fi
-"$VENV/bin/python" -c '
-from importlib import metadata
-print(" ".join(f"{n}=={metadata.version(n)}" for n in ("tinker-cookbook", "tinker", "trio", "trio-asyncio", "transformers", "torch", "mypy")))
-' >&2
-log "install took $(( $(date +%s) - start )) s"
+}
+
+set_up_venv 'tinker|tinker-cookbook|torch|trio|trio-asyncio'
+setup_done tinker-cookbook tinker trio trio-asyncio transformers torch mypy

@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -23,7 +24,7 @@ import chz
 import pytest
 import tinker_cookbook
 
-from tests.integration.tiny_model import build_tiny_model
+from tests.integration.tiny_model import TinyModel
 from trio_rl.backends import HFBackend, HFModelSettings
 from trio_rl.cookbook import train as drop_in
 
@@ -36,12 +37,14 @@ RUN_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny" / "qwen3").path
-    # Multi-turn prompts outgrow the 512 positions it is built with; its rotary embeddings go further.
-    config_file = Path(path) / "config.json"
+def long_context_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> str:
+    """A copy of the tiny model (tests/conftest.py) that says it takes 4096 positions: multi-turn
+    prompts outgrow the 512 it is built with; its rotary embeddings go further."""
+    path = tmp_path_factory.mktemp("models") / "tiny" / "qwen3"
+    shutil.copytree(tiny_model.path, path)
+    config_file = path / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_position_embeddings": 4096}))
-    return path
+    return str(path)
 
 
 def load_recipe(relative: str, tmp_path: Path) -> types.ModuleType:
@@ -99,11 +102,11 @@ def arithmetic_cli(recipe: types.ModuleType, log_path: Path, **fields: Any) -> A
     return recipe.CLIConfig(**{**small, **fields})
 
 
-def test_math_rl_arithmetic_recipe_trains_through_the_drop_in(tmp_path: Path, tiny_model: str) -> None:
+def test_math_rl_arithmetic_recipe_trains_through_the_drop_in(tmp_path: Path, long_context_model: str) -> None:
     recipe = load_recipe("recipes/math_rl/train.py", tmp_path)
     assert recipe.main is drop_in.main and recipe.AsyncConfig is drop_in.AsyncConfig
     log_path = tmp_path / "run"
-    cli = arithmetic_cli(recipe, log_path, model_name=tiny_model, lora_rank=4)
+    cli = arithmetic_cli(recipe, log_path, model_name=long_context_model, lora_rank=4)
     run_main(recipe.cli_main(cli))  # the recipe's cli_main returns None, as 0.6.1's main does
     steps = [r for r in records(log_path) if "progress/groups" in r]
     assert [r["step"] for r in steps] == [0, 1]
@@ -112,11 +115,11 @@ def test_math_rl_arithmetic_recipe_trains_through_the_drop_in(tmp_path: Path, ti
     assert [r["name"] for r in rows][-1] == "final"
 
 
-def test_math_rl_async_recipe_trains_through_the_drop_in(tmp_path: Path, tiny_model: str) -> None:
+def test_math_rl_async_recipe_trains_through_the_drop_in(tmp_path: Path, long_context_model: str) -> None:
     recipe = load_recipe("recipes/math_rl/train.py", tmp_path)
     log_path = tmp_path / "run"
     cli = recipe.CLIConfig(
-        model_name=tiny_model,
+        model_name=long_context_model,
         renderer_name="role_colon",
         group_size=2,
         groups_per_batch=2,
@@ -135,12 +138,14 @@ def test_math_rl_async_recipe_trains_through_the_drop_in(tmp_path: Path, tiny_mo
     assert json.loads((log_path / "config.json").read_text())["async_config"]["max_steps_off_policy"] == 1
 
 
-def test_guess_number_multi_turn_recipe_trains_and_evaluates_its_test_set(tmp_path: Path, tiny_model: str) -> None:
+def test_guess_number_multi_turn_recipe_trains_and_evaluates_its_test_set(
+    tmp_path: Path, long_context_model: str
+) -> None:
     recipe = load_recipe("recipes/multiplayer_rl/guess_number/train.py", tmp_path)
     assert recipe.train is drop_in
     log_path = tmp_path / "run"
     cli = recipe.CLIConfig(
-        model_name=tiny_model,
+        model_name=long_context_model,
         renderer_name="role_colon",
         group_size=2,
         batch_size=2,

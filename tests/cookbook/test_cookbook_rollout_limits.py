@@ -26,24 +26,20 @@ from tinker_cookbook.completers import StopCondition, TokenCompleter
 from tinker_cookbook.completers import TokensWithLogprobs as CookbookTokens
 from tinker_cookbook.renderers import Message, get_renderer
 from tinker_cookbook.rl import rollouts as cookbook_rollouts
-from tinker_cookbook.rl import train as cookbook
 from tinker_cookbook.rl.rollout_limits import ParseErrorPolicy, RolloutLimits
 from tinker_cookbook.rl.rollout_presets import RolloutConfig, agentic
-from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.tool_use import ToolResult, build_agent_tool_env, simple_tool_result, tool
 
 from tests.cookbook.cookbook_fixtures import as_trio_rl
 from tests.cookbook.test_cookbook_tool_use import (
     Calculator,
     ToolCallingBackend,
-    ToolDataset,
-    ToolDatasetBuilder,
     ToolGroupBuilder,
+    run_drop_in,
+    tool_use_config,
 )
-from tests.integration.tiny_model import build_tiny_model
 from trio_rl import ConfigError
 from trio_rl.asyncio_bridge import open_user_code_runner
-from trio_rl.cookbook import train as drop_in
 from trio_rl.cookbook.host_loop import run_as_guest
 from trio_rl.rl.rollouts import do_single_rollout
 from trio_rl.types import TokensWithLogprobs
@@ -106,11 +102,6 @@ class OurPolicy:
     async def __call__(self, ob: tinker.ModelInput, stop: Any) -> TokensWithLogprobs:
         tokens = self.script.reply(ob)
         return TokensWithLogprobs(tokens=tokens, maybe_logprobs=[-0.5] * len(tokens), stop_reason="stop")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return get_tokenizer(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny" / "qwen3").path)
 
 
 def both_sides(tokenizer: Any, first: str, **env_options: Any) -> tuple[Any, Any]:
@@ -177,28 +168,15 @@ class LimitedGroupBuilder(ToolGroupBuilder):
 def test_token_budgets_in_the_envs_rollout_limits_are_refused_in_one_line(tmp_path: Path, tokenizer: Any) -> None:
     renderer = get_renderer("qwen3_disable_thinking", tokenizer)
     builder = LimitedGroupBuilder(renderer, calculator=Calculator())  # unused: its envs call this module's add
-    config = cookbook.Config(
-        learning_rate=1e-4,
-        dataset_builder=ToolDatasetBuilder(dataset=ToolDataset(builder)),
-        model_name="tiny-qwen3",
-        recipe_name="recipe_rollout_limits_test",
-        max_tokens=64,
-        log_path=str(tmp_path / "run"),
-        eval_every=0,
-        save_every=0,
-        rollout_error_tolerance=True,  # a tolerant strategy would skip a failing group: this one must not be
-    )
+    # A tolerant strategy would skip a failing group: this one must not be.
+    config = tool_use_config(tmp_path, builder, "recipe_rollout_limits_test", rollout_error_tolerance=True)
     backend = ToolCallingBackend(tokenizer)
-
-    async def host() -> Any:
-        return await asyncio.wait_for(drop_in.main(config, backend=backend), TIMEOUT_S)
-
     with pytest.RaisesGroup(
         pytest.RaisesExc(
             ConfigError, match=r"^rollout_limits: EnvFromMessageEnv sets max_trajectory_tokens=65536, which"
         ),
         flatten_subgroups=True,
     ) as caught:
-        asyncio.run(host())
+        run_drop_in(config, backend, TIMEOUT_S)
     assert "\n" not in str(caught.value.exceptions[0])
     assert [c.kind for c in backend.calls].count("forward_backward") == 0

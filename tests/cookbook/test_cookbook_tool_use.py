@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import chz
-import pytest
 import trio
 from tinker import types as tinker_types
 from tinker_cookbook.renderers import Message, get_renderer
 from tinker_cookbook.rl import train as cookbook
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
-from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.tool_use import ToolResult, build_agent_tool_env, simple_tool_result, tool
 
-from tests.integration.tiny_model import build_tiny_model
 from trio_rl import _tinker_compat as compat
 from trio_rl.cookbook import train as drop_in
 from trio_rl.testing import FakeBackend, FakeSamplerModel, FakeSamplingClient, FakeTrainingClient
@@ -135,30 +132,36 @@ class ToolDatasetBuilder(RLDatasetBuilder):
         return self.dataset, None
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return get_tokenizer(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny" / "qwen3").path)
+def tool_use_config(tmp_path: Path, builder: ToolGroupBuilder, recipe_name: str, **fields: Any) -> cookbook.Config:
+    """0.6.1's rl.train Config of one step over ``builder``'s one group, logging to ``tmp_path / "run"``."""
+    return cookbook.Config(
+        learning_rate=1e-4,
+        dataset_builder=ToolDatasetBuilder(dataset=ToolDataset(builder)),
+        model_name="tiny-qwen3",
+        recipe_name=recipe_name,
+        max_tokens=64,
+        log_path=str(tmp_path / "run"),
+        eval_every=0,
+        save_every=0,
+        **fields,
+    )
+
+
+def run_drop_in(config: cookbook.Config, backend: ToolCallingBackend, timeout_s: float) -> Any:
+    """The drop-in's main on ``config`` and ``backend``, on an asyncio loop of its own, within ``timeout_s``."""
+
+    async def host() -> Any:
+        return await asyncio.wait_for(drop_in.main(config, backend=backend), timeout_s)
+
+    return asyncio.run(host())
 
 
 def test_one_tool_use_rollout_runs_end_to_end_through_the_drop_in(tmp_path: Path, tokenizer: Any) -> None:
     calculator = Calculator()
     renderer = get_renderer("qwen3_disable_thinking", tokenizer)
-    config = cookbook.Config(
-        learning_rate=1e-4,
-        dataset_builder=ToolDatasetBuilder(dataset=ToolDataset(ToolGroupBuilder(renderer, calculator))),
-        model_name="tiny-qwen3",
-        recipe_name="recipe_tool_use_test",
-        max_tokens=64,
-        log_path=str(tmp_path / "run"),
-        eval_every=0,
-        save_every=0,
-    )
+    config = tool_use_config(tmp_path, ToolGroupBuilder(renderer, calculator), "recipe_tool_use_test")
     backend = ToolCallingBackend(tokenizer)
-
-    async def host() -> Any:
-        return await asyncio.wait_for(drop_in.main(config, backend=backend), RUN_TIMEOUT_S)
-
-    result = asyncio.run(host())
+    result = run_drop_in(config, backend, RUN_TIMEOUT_S)
     assert result.final_step == 1 and result.trained_groups == 1
     # Each of the group's two episodes called the tool once, on a running asyncio loop.
     assert calculator.calls == [(2, 3, True), (2, 3, True)]

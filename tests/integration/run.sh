@@ -16,7 +16,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# REPO, junit_counts
+. "$HERE/../venv_tools.sh"
 VENV="${SKYRL_VENV:-$REPO/.skyvenv}"
 export SKYRL_VENV="$VENV"
 TIMEOUT_S="${INTEGRATION_TIMEOUT_S:-900}"
@@ -49,25 +50,8 @@ run_stage() {
     timeout --signal=TERM --kill-after=60 "$timeout_s" \
         "$VENV/bin/python" -m pytest --junitxml="$xml" --durations=0 "$@" || rc=$?
     local elapsed=$(( $(date +%s) - start ))
-    local counts
-    counts="$("$VENV/bin/python" - "$xml" <<'PY'
-import sys
-import xml.etree.ElementTree as ET
-
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except (OSError, ET.ParseError):
-    print("0 0 0")
-    sys.exit()
-suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-tests = sum(int(s.get("tests", 0)) for s in suites)
-bad = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
-skipped = sum(int(s.get("skipped", 0)) for s in suites)
-print(tests - bad - skipped, bad, skipped)
-PY
-)"
     local passed failed skipped
-    read -r passed failed skipped <<<"$counts"
+    read -r passed failed skipped < <(junit_counts "$xml")
     all_passed=$(( all_passed + passed )) all_failed=$(( all_failed + failed )) all_skipped=$(( all_skipped + skipped ))
     summary+=("$name: $passed passed, $failed failed, $skipped skipped in ${elapsed} s (pytest exit $rc)")
     if [[ $rc -eq 124 || $rc -eq 137 ]]; then

@@ -21,7 +21,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# REPO, log, quiet_pip, venv_has, make_venv, set_up_venv, check_torch_cpu, setup_done
+. "$HERE/../venv_tools.sh"
 VENV="${SKYRL04_VENV:-$REPO/.skyvenv04}"
 PYTHON="${SKYRL_PYTHON:-python3.11}"
 CONSTRAINTS="$HERE/constraints-skyrl04.txt"
@@ -30,37 +31,13 @@ SKYRL_VERSION="0.4.0"
 SERVER_TINKER_VERSION="0.25.0"
 TORCH_VERSION="2.13.0"
 
-# log and quiet_pip
-. "$REPO/tests/venv_tools.sh"
-
 venv_ready() {
-    [[ -x "$VENV/bin/python" ]] || return 1
-    "$VENV/bin/python" - "$SKYRL_VERSION" "$SERVER_TINKER_VERSION" "$TORCH_VERSION" <<'PY' 2>/dev/null
-import sys
-from importlib import metadata
-
-skyrl_v, tinker_v, torch_v = sys.argv[1:]
-if metadata.version("skyrl") != skyrl_v or metadata.version("tinker") != tinker_v:
-    sys.exit(1)
-if metadata.version("torch").split("+")[0] != torch_v:
-    sys.exit(1)
-for name in ("jax", "flax", "optax", "fastapi", "uvicorn", "sqlmodel", "aiosqlite", "aiohttp", "peft", "transformers"):
-    metadata.version(name)  # raises PackageNotFoundError when missing
-PY
+    venv_has "skyrl==$SKYRL_VERSION" "tinker==$SERVER_TINKER_VERSION" "torch==$TORCH_VERSION" \
+        jax flax optax fastapi uvicorn sqlmodel aiosqlite aiohttp peft transformers
 }
 
-start=$(date +%s)
-if venv_ready; then
-    log "already set up at $VENV"
-else
-    if [[ ! -x "$VENV/bin/python" ]]; then
-        "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || {
-            log "$PYTHON is not Python 3.11 (the CPU torch wheel here is for 3.11)"
-            exit 1
-        }
-        log "creating $VENV"
-        "$PYTHON" -m venv "$VENV"
-    fi
+install_venv() {
+    make_venv 3.11 "the CPU torch wheel here is for 3.11"
     # torch on the same command line as peft, so the resolver cannot reach for a CUDA build.
     log "installing skyrl $SKYRL_VERSION's runtime requirements (tinker==$SERVER_TINKER_VERSION, JAX on CPU)"
     quiet_pip install --quiet -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "tinker==$SERVER_TINKER_VERSION" \
@@ -69,17 +46,8 @@ else
         cloudpathlib zstandard xxhash psutil aiohttp
     log "installing skyrl==$SKYRL_VERSION (--no-deps --ignore-requires-python)"
     quiet_pip install --quiet --no-deps --ignore-requires-python "skyrl==$SKYRL_VERSION"
-    venv_ready || {
-        log "the venv at $VENV does not have the expected versions after install"
-        "$VENV/bin/python" -m pip list 2>/dev/null | grep -iE '^(skyrl|tinker|torch|jax|flax) ' >&2 || true
-        exit 1
-    }
-fi
-"$VENV/bin/python" -c '
-import sys, torch
-if torch.version.cuda is not None:
-    sys.exit(f"torch {torch.__version__} is a CUDA build ({torch.version.cuda}); expected CPU only")
-from importlib import metadata
-print(" ".join(f"{n}=={metadata.version(n)}" for n in ("skyrl", "tinker", "jax", "flax", "torch")))
-' >&2
-log "install took $(( $(date +%s) - start )) s"
+}
+
+set_up_venv 'skyrl|tinker|torch|jax|flax'
+check_torch_cpu
+setup_done skyrl tinker jax flax torch
