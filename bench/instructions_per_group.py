@@ -16,9 +16,18 @@ follows that order. (Same order, same count: two runs of a 10-step cell under
 one seed agreed to 0.02%; under different seeds they differed by 0.3% of the
 whole run.) So each count runs under a seeded order (``--seeds N``: seeds 0 to
 N-1, each with its ``--small`` and ``--large`` run), and the script prints the
-mean over the seeds with the lowest and the highest: repeatable, and with its
-own spread beside it. The seed is set where ``tests/conftest.py``'s
-``trio_task_order_from_seed`` sets it, and the script stops if Trio has moved it.
+mean over the seeds with the lowest and the highest, its spread beside it. The
+seed is set where ``tests/conftest.py``'s ``trio_task_order_from_seed`` sets it,
+and the script stops if Trio has moved it.
+
+A seed does not make the count repeatable to the digit: the figure per group is a
+difference of two whole runs, so a variation of a fraction of a percent in either
+reads as a few percent here. One commit's ``oldest_first`` under seed 0, counted
+nine times on one machine and one day, ranged over about 4.7% whether the machine
+was busy or idle, with ``PYTHONHASHSEED`` fixed, with OpenBLAS on one thread, and
+with the stall watch (a real-time deadline) off; what still varies is not known.
+So compare two commits by the mean of several seeds, running them alternately or
+side by side, and read a difference of a percent or two as within the noise.
 
 The cell runs under the loop's own garbage-collector policy, as the command
 line runs a training run (:func:`trio_rl.loop.gc_policy.tune_gc_for_training`:
